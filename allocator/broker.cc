@@ -1,0 +1,183 @@
+// Broker: the pool map and the background maintenance thread.
+
+#include "allocator/broker.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/failure.h"
+
+namespace kvbroker {
+
+Broker::Broker(Backend* backend, BrokerOptions options)
+    : backend_(backend),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      budgets_(backend, options_.gpu_memory_utilization) {}
+
+absl::StatusOr<std::unique_ptr<Broker>> Broker::Create(Backend* backend,
+                                                       BrokerOptions options) {
+  if (!(options.gpu_memory_utilization > 0 &&
+        options.gpu_memory_utilization <= 1)) {
+    return InvalidField("gpu_memory_utilization", "must be in (0, 1]");
+  }
+  if (options.min_idle_pages < 0 || options.max_idle_pages < 0) {
+    return InvalidField("min_idle_pages", "must not be negative");
+  }
+  std::unique_ptr<Broker> broker(new Broker(backend, std::move(options)));
+  KVB_RETURN_IF_ERROR(broker->budgets_.Init());
+  if (broker->options_.start_worker) {
+    broker->worker_ = std::thread([b = broker.get()] { b->WorkerLoop(); });
+  }
+  return broker;
+}
+
+Broker::~Broker() {
+  StopWorker();
+  std::map<std::string, std::shared_ptr<PagePool>> pools;
+  {
+    absl::MutexLock lock(&mu_);
+    pools.swap(pools_);
+  }
+  for (auto& [name, pool] : pools) (void)pool->Shutdown(/*force=*/true);
+}
+
+void Broker::Notify(const std::string& pool) const {
+  if (options_.on_change) options_.on_change(pool);
+}
+
+absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
+    const PoolConfig& config) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (pools_.count(config.name) > 0) {
+      return MakeFailure(FailureReason::kPoolAlreadyExists,
+                         absl::StrCat("pool ", config.name, " already exists"),
+                         {{"pool", config.name}});
+    }
+  }
+  PoolOptions po;
+  po.min_idle_pages = options_.min_idle_pages;
+  po.max_idle_pages = options_.max_idle_pages;
+  po.idempotency_window = options_.idempotency_window;
+  po.on_change = [this](const std::string& pool) {
+    Notify(pool);
+    Kick();
+  };
+  absl::StatusOr<std::unique_ptr<PagePool>> created =
+      PagePool::Create(config, backend_, &budgets_, clock_, std::move(po));
+  if (!created.ok()) return created.status();
+  std::shared_ptr<PagePool> pool(std::move(*created));
+  bool inserted;
+  {
+    absl::MutexLock lock(&mu_);
+    // A concurrent CreatePool of the same name may have won the race.
+    inserted = pools_.emplace(config.name, pool).second;
+  }
+  if (!inserted) {
+    (void)pool->Shutdown(/*force=*/true);
+    return MakeFailure(FailureReason::kPoolAlreadyExists,
+                       absl::StrCat("pool ", config.name, " already exists"),
+                       {{"pool", config.name}});
+  }
+  std::fprintf(stderr,
+               "kvbroker: created pool %s: page %lld B, block %lld B, %lld "
+               "blocks, %lld pages, %zu device(s)\n",
+               config.name.c_str(),
+               static_cast<long long>(config.page_size.value()),
+               static_cast<long long>(config.block_bytes.value()),
+               static_cast<long long>(config.max_blocks),
+               static_cast<long long>(pool->geometry().page_count().value()),
+               config.devices.size());
+  Notify("");
+  Kick();
+  return pool;
+}
+
+absl::StatusOr<std::shared_ptr<PagePool>> Broker::GetPool(
+    const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(name);
+  if (it == pools_.end()) {
+    return MakeFailure(FailureReason::kPoolNotFound,
+                       absl::StrCat("no pool named ", name),
+                       {{"pool", name}});
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<PagePool>> Broker::ListPools() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<PagePool>> out;
+  for (auto& [name, pool] : pools_) out.push_back(pool);
+  return out;
+}
+
+absl::Status Broker::DeletePool(const std::string& name, bool force) {
+  absl::StatusOr<std::shared_ptr<PagePool>> pool = GetPool(name);
+  if (!pool.ok()) return pool.status();
+  absl::Status s = (*pool)->Shutdown(force);
+  if (GetReason(s) == FailureReason::kPoolNotEmpty) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pools_.find(name);
+    if (it != pools_.end() && it->second == *pool) pools_.erase(it);
+  }
+  std::fprintf(stderr, "kvbroker: deleted pool %s%s\n", name.c_str(),
+               s.ok() ? "" : " (some pages could not be unmapped)");
+  Notify("");
+  return absl::OkStatus();
+}
+
+bool Broker::healthy() {
+  for (const auto& pool : ListPools()) {
+    if (!pool->healthy()) return false;
+  }
+  return true;
+}
+
+void Broker::Kick() {
+  absl::MutexLock lock(&worker_mu_);
+  kicked_ = true;
+}
+
+void Broker::StopWorker() {
+  {
+    absl::MutexLock lock(&worker_mu_);
+    stop_ = true;
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
+void Broker::RunMaintenance() {
+  for (const auto& pool : ListPools()) {
+    pool->ExpireReservations();
+    while (pool->PreallocStep()) {
+    }
+  }
+}
+
+void Broker::WorkerLoop() {
+  for (;;) {
+    bool refresh = false;
+    {
+      absl::MutexLock lock(&worker_mu_);
+      auto wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(worker_mu_) {
+        return stop_ || kicked_;
+      };
+      worker_mu_.AwaitWithTimeout(absl::Condition(&wake),
+                                  options_.worker_interval);
+      if (stop_) return;
+      kicked_ = false;
+      const absl::Time now = absl::Now();
+      if (now - last_refresh_ >= options_.budget_refresh_interval) {
+        last_refresh_ = now;
+        refresh = true;
+      }
+    }
+    if (refresh) (void)budgets_.RefreshAll();
+    RunMaintenance();
+  }
+}
+
+}  // namespace kvbroker

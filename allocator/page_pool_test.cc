@@ -1,0 +1,206 @@
+// Unit tests of PagePool mechanics that the scenario rows do not pin down:
+// the prealloc worker, the per-page list, generations, idempotency windows,
+// null-block handling, shutdown and data integrity through the host backend.
+
+#include "allocator/page_pool.h"
+
+#include <cstring>
+#include <set>
+
+#include "allocator/fault_injecting_backend.h"
+#include "allocator/host_backend.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker {
+namespace {
+
+class PagePoolTest : public ::testing::Test {
+ protected:
+  PagePoolTest()
+      : host_(HostBackendOptions{1, Bytes(64 * kGiB), MiB(2)}),
+        backend_(&host_),
+        budgets_(&backend_, 1.0) {
+    EXPECT_TRUE(budgets_.Init().ok());
+  }
+
+  std::unique_ptr<PagePool> MakePool(int64_t page_mib, int64_t block_kib,
+                                     int64_t n, int64_t min_idle = 0,
+                                     int64_t max_idle = 0,
+                                     bool null_block = false) {
+    PoolConfig c;
+    c.name = "p";
+    c.page_size = MiB(page_mib);
+    c.block_bytes = KiB(block_kib);
+    c.max_blocks = n;
+    c.reserve_null_block = null_block;
+    PoolOptions o;
+    o.min_idle_pages = min_idle;
+    o.max_idle_pages = max_idle;
+    auto pool = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return pool.ok() ? *std::move(pool) : nullptr;
+  }
+
+  static std::vector<BlockId> Ids(const AllocResult& r) {
+    std::vector<BlockId> out;
+    for (const auto& pb : r.pages) {
+      out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
+    }
+    return out;
+  }
+
+  HostBackend host_;
+  FaultInjectingBackend backend_;
+  DeviceBudgets budgets_;
+  ManualClock clock_;
+};
+
+TEST_F(PagePoolTest, PreallocKeepsMinIdleWithoutChangingCapacity) {
+  auto pool = MakePool(2, 512, 64, /*min_idle=*/3, /*max_idle=*/4);
+  const int64_t before = pool->Capacity()->available_blocks.value();
+  int steps = 0;
+  while (pool->PreallocStep()) ++steps;
+  EXPECT_EQ(steps, 2);  // the third mapping reports no more work
+  auto c = pool->Capacity();
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->pages_idle.value(), 3);
+  EXPECT_EQ(c->available_blocks.value(), before);
+  EXPECT_FALSE(pool->PreallocStep());
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+  EXPECT_EQ(host_.live_handles(), 3);
+}
+
+TEST_F(PagePoolTest, AllocUsesIdlePagesBeforeMapping) {
+  auto pool = MakePool(2, 512, 64, 2, 4);
+  while (pool->PreallocStep()) {
+  }
+  const int64_t maps = backend_.map_calls();
+  auto r = pool->Alloc({8, "", "", {}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(backend_.map_calls(), maps);
+  EXPECT_EQ(r->pages_mapped, 0);
+  EXPECT_EQ(Ids(*r), (std::vector<BlockId>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+TEST_F(PagePoolTest, PerPageListInConsumptionOrder) {
+  auto pool = MakePool(2, 512, 64);
+  ASSERT_TRUE(pool->Alloc({5, "", "", {}}).ok());  // page 0 FULL, page 1 OPEN
+  auto c = pool->Capacity({100});
+  ASSERT_TRUE(c.ok());
+  ASSERT_GE(c->pages.size(), 2u);
+  EXPECT_EQ(c->pages[0].page_id, 1);
+  EXPECT_EQ(c->pages[0].state, PageState::kOpen);
+  EXPECT_EQ(c->pages[0].free_blocks.value(), 3);
+  EXPECT_EQ(c->pages[1].page_id, 2);
+  EXPECT_EQ(c->pages[1].state, PageState::kFree);
+  EXPECT_EQ(c->pages.size(), 15u);  // 16 pages, page 0 FULL not listed
+  auto capped = pool->Capacity({3});
+  EXPECT_EQ(capped->pages.size(), 3u);
+}
+
+TEST_F(PagePoolTest, GenerationMovesOnChangeOnly) {
+  auto pool = MakePool(2, 512, 64);
+  const uint64_t g0 = pool->Capacity()->generation;
+  EXPECT_EQ(pool->Capacity()->generation, g0);
+  auto r = pool->Alloc({1, "", "", g0});
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(r->generation, g0);
+  auto stale = pool->Alloc({1, "", "", g0});
+  EXPECT_EQ(GetReason(stale.status()), FailureReason::kGenerationMismatch);
+  auto refused = pool->Alloc({1000, "", "", {}});
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(pool->Capacity()->generation, r->generation);
+}
+
+TEST_F(PagePoolTest, IdempotentFreeAndReserve) {
+  auto pool = MakePool(2, 512, 64);
+  auto r = pool->Alloc({4, "a1", "", {}});
+  ASSERT_TRUE(r.ok());
+  auto f = pool->Free({Ids(*r), "f1"});
+  ASSERT_TRUE(f.ok());
+  auto again = pool->Free({Ids(*r), "f1"});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->replayed);
+  auto other = pool->Free({{0}, "f1"});
+  EXPECT_EQ(GetReason(other.status()), FailureReason::kRequestIdReused);
+
+  auto res = pool->Reserve({3, absl::Seconds(5), "r1"});
+  ASSERT_TRUE(res.ok());
+  auto res2 = pool->Reserve({3, absl::Seconds(5), "r1"});
+  ASSERT_TRUE(res2.ok());
+  EXPECT_EQ(res2->reservation_id, res->reservation_id);
+  EXPECT_EQ(pool->Capacity()->reserved_blocks.value(), 3);
+  // The window passes: the id is forgotten and the reservation expired.
+  clock_.Advance(absl::Minutes(11));
+  auto res3 = pool->Reserve({3, absl::Seconds(5), "r1"});
+  ASSERT_TRUE(res3.ok());
+  EXPECT_NE(res3->reservation_id, res->reservation_id);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+TEST_F(PagePoolTest, NullBlockNeverFreedOrTrimmed) {
+  auto pool = MakePool(2, 512, 16, 0, 4, /*null_block=*/true);
+  EXPECT_EQ(pool->Capacity()->available_blocks.value(), 15);
+  auto f = pool->Free({{0}, ""});
+  EXPECT_EQ(GetReason(f.status()), FailureReason::kBlockNotAllocated);
+  auto t = pool->Trim();
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->pages_unmapped, 0);
+  EXPECT_EQ(host_.live_handles(), 1);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+TEST_F(PagePoolTest, DataSurvivesNeighbourMappingChurn) {
+  auto pool = MakePool(2, 512, 64, 0, 0);
+  auto keep = pool->Alloc({4, "", "", {}});  // page 0
+  ASSERT_TRUE(keep.ok());
+  const uint64_t base = pool->range_base(0);
+  const int64_t B = 512 * kKiB;
+  for (BlockId b : Ids(*keep)) {
+    std::memset(reinterpret_cast<void*>(base + b * B), 0x40 + b, B);
+  }
+  for (int round = 0; round < 5; ++round) {
+    auto churn = pool->Alloc({12, "", "", {}});  // pages 1..3
+    ASSERT_TRUE(churn.ok());
+    for (BlockId b : Ids(*churn)) {
+      std::memset(reinterpret_cast<void*>(base + b * B), 0xee, B);
+    }
+    ASSERT_TRUE(pool->Free({Ids(*churn), ""}).ok());  // unmapped again
+  }
+  for (BlockId b : Ids(*keep)) {
+    const auto* p = reinterpret_cast<const unsigned char*>(base + b * B);
+    EXPECT_EQ(p[0], 0x40 + b);
+    EXPECT_EQ(p[B - 1], 0x40 + b);
+  }
+}
+
+TEST_F(PagePoolTest, ShutdownRefusesNonEmptyThenReleasesEverything) {
+  auto pool = MakePool(2, 512, 64, 2, 4);
+  while (pool->PreallocStep()) {
+  }
+  auto r = pool->Alloc({9, "", "", {}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(GetReason(pool->Shutdown(false)), FailureReason::kPoolNotEmpty);
+  EXPECT_TRUE(pool->Shutdown(true).ok());
+  EXPECT_EQ(host_.live_handles(), 0);
+  EXPECT_EQ(budgets_.Snapshot(0).charged.value(), 0);
+  EXPECT_EQ(GetReason(pool->Capacity().status()),
+            FailureReason::kPoolNotFound);
+}
+
+TEST_F(PagePoolTest, MaxIdleKeepsFreedPagesMapped) {
+  auto pool = MakePool(2, 512, 64, 0, 2);
+  auto r = pool->Alloc({16, "", "", {}});  // 4 pages
+  ASSERT_TRUE(r.ok());
+  auto f = pool->Free({Ids(*r), ""});
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->pages_unmapped, 2);
+  auto c = pool->Capacity();
+  EXPECT_EQ(c->pages_idle.value(), 2);
+  EXPECT_EQ(host_.live_handles(), 2);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+}  // namespace
+}  // namespace kvbroker
