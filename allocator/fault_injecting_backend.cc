@@ -2,6 +2,8 @@
 
 #include "allocator/fault_injecting_backend.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvbroker {
@@ -32,6 +34,36 @@ void FaultInjectingBackend::AddFault(FaultRule rule) {
 void FaultInjectingBackend::ClearFaults() {
   absl::MutexLock lock(&mu_);
   rules_.clear();
+}
+
+void FaultInjectingBackend::OverrideMemory(int device, MemoryInfo info) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [d, m] : memory_overrides_) {
+    if (d == device) {
+      m = info;
+      return;
+    }
+  }
+  memory_overrides_.push_back({device, info});
+}
+
+int64_t FaultInjectingBackend::live_handles() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(live_.size());
+}
+
+Bytes FaultInjectingBackend::created_bytes(int device) const {
+  absl::MutexLock lock(&mu_);
+  int64_t bytes = 0;
+  for (const auto& [h, dev_bytes] : live_) {
+    if (dev_bytes.first == device) bytes += dev_bytes.second;
+  }
+  return Bytes(bytes);
+}
+
+void FaultInjectingBackend::ClearMemoryOverrides() {
+  absl::MutexLock lock(&mu_);
+  memory_overrides_.clear();
 }
 
 absl::Status FaultInjectingBackend::Intercept(BackendOp op, int device) {
@@ -80,7 +112,12 @@ absl::StatusOr<PhysicalHandle> FaultInjectingBackend::Create(int device,
   if (absl::Status s = Intercept(BackendOp::kCreate, device); !s.ok()) {
     return s;
   }
-  return target_->Create(device, size);
+  absl::StatusOr<PhysicalHandle> h = target_->Create(device, size);
+  if (h.ok()) {
+    absl::MutexLock lock(&mu_);
+    live_[h->value] = {device, size.value()};
+  }
+  return h;
 }
 
 absl::Status FaultInjectingBackend::Map(int device, uint64_t address,
@@ -108,12 +145,29 @@ absl::Status FaultInjectingBackend::Release(int device,
   if (absl::Status s = Intercept(BackendOp::kRelease, device); !s.ok()) {
     return s;
   }
-  return target_->Release(device, handle);
+  absl::Status s = target_->Release(device, handle);
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    live_.erase(handle.value);
+  }
+  return s;
 }
 
 absl::StatusOr<MemoryInfo> FaultInjectingBackend::QueryMemory(int device) {
   if (absl::Status s = Intercept(BackendOp::kQueryMemory, device); !s.ok()) {
     return s;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [d, m] : memory_overrides_) {
+      if (d != device) continue;
+      int64_t created = 0;
+      for (const auto& [h, dev_bytes] : live_) {
+        if (dev_bytes.first == device) created += dev_bytes.second;
+      }
+      return MemoryInfo{Bytes(std::max<int64_t>(0, m.free.value() - created)),
+                        m.total};
+    }
   }
   return target_->QueryMemory(device);
 }

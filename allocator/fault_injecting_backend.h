@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/backend.h"
 
@@ -62,6 +63,13 @@ class FaultInjectingBackend final : public Backend {
   void AddFault(FaultRule rule) ABSL_LOCKS_EXCLUDED(mu_);
   void ClearFaults() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Makes QueryMemory(device) report `info.total` and `info.free` minus the
+  // bytes created through this wrapper and not yet released, instead of the
+  // target's answer, so a test can give any backend (a real GPU included) an
+  // exact budget. The target still allocates for real.
+  void OverrideMemory(int device, MemoryInfo info) ABSL_LOCKS_EXCLUDED(mu_);
+  void ClearMemoryOverrides() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Calls of `op` that reached this wrapper (failed ones included).
   int64_t calls(BackendOp op) const {
     return calls_[static_cast<int>(op)].load(std::memory_order_relaxed);
@@ -76,6 +84,11 @@ class FaultInjectingBackend final : public Backend {
     return calls(BackendOp::kCreate) + calls(BackendOp::kMap) +
            calls(BackendOp::kSetAccess);
   }
+
+  // Handles created through this wrapper and not yet released, and their
+  // bytes on `device`: what the pool holds, whatever the target backend.
+  int64_t live_handles() const ABSL_LOCKS_EXCLUDED(mu_);
+  Bytes created_bytes(int device) const ABSL_LOCKS_EXCLUDED(mu_);
 
   std::string name() const override { return target_->name(); }
   int device_count() const override { return target_->device_count(); }
@@ -107,8 +120,12 @@ class FaultInjectingBackend final : public Backend {
   std::array<std::atomic<int64_t>, static_cast<int>(BackendOp::kCount)>
       injected_{};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<ArmedRule> rules_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int, MemoryInfo>> memory_overrides_ ABSL_GUARDED_BY(mu_);
+  // Live handles created through this wrapper: handle -> (device, bytes).
+  absl::flat_hash_map<uint64_t, std::pair<int, int64_t>> live_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvbroker

@@ -86,8 +86,9 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
       absl::StrAppend(&message, " ", v.field, " ", v.description, ";");
     }
     message.pop_back();
+    std::string first_field = bad.front().field;
     return MakeFailure(FailureReason::kInvalidArgument, message,
-                       {{"field", bad.front().field}}, std::move(bad));
+                       {{"field", std::move(first_field)}}, std::move(bad));
   }
 
   const int64_t P = config.page_size.value();
@@ -154,19 +155,19 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
   return geo;
 }
 
+// Validation bounds every byte offset by kMaxVirtualBytesPerDevice (2^47), so
+// the products below fit in 64 bits.
 BlockRange Geometry::range(PageId p) const {
-  const i128 P = config_.page_size.value();
-  const i128 B = config_.block_bytes.value();
+  const int64_t P = config_.page_size.value();
+  const int64_t B = config_.block_bytes.value();
   BlockRange r;
-  r.begin = static_cast<int64_t>((i128{p} * P + B - 1) / B);
-  r.end = std::min<int64_t>(static_cast<int64_t>((i128{p + 1} * P) / B),
-                            config_.max_blocks);
+  r.begin = (p * P + B - 1) / B;
+  r.end = std::min<int64_t>((p + 1) * P / B, config_.max_blocks);
   return r;
 }
 
 PageId Geometry::page_of(BlockId b) const {
-  return static_cast<PageId>(i128{b} * config_.block_bytes.value() /
-                             config_.page_size.value());
+  return b * config_.block_bytes.value() / config_.page_size.value();
 }
 
 bool Geometry::is_usable_block(BlockId b) const {

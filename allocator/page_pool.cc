@@ -433,6 +433,9 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
   const int64_t need = requested - from_reservation;
   const int64_t total = TotalUnderLimitLocked();
   const int64_t mapped_supply = MappedSupplyLocked();
+  plan.from_pool = need;
+  // Fast path: mapped pages cover the request; no budget lookup needed.
+  if (requested <= total && need <= mapped_supply) return plan;
   const int64_t affordable = AffordableLocked();
   const int64_t available = mapped_supply + free_.PrefixSum(affordable);
 
@@ -467,8 +470,6 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
                                total, " blocks under its limit"),
                   {});
   }
-  plan.from_pool = need;
-  if (need <= mapped_supply) return plan;
   const int64_t beyond = need - mapped_supply;
   if (limit_state_ == LimitState::kDeferred) {
     return refuse(
@@ -640,13 +641,14 @@ void PagePool::MarkFailedLocked(const std::string& why) {
 }
 
 void PagePool::MarkFailed(const std::string& why) {
-  uint64_t before;
+  uint64_t before, after;
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
     MarkFailedLocked(why);
+    after = generation_;
   }
-  NotifyIfChanged(before);
+  NotifyIfChanged(before, after);
 }
 
 // ---------------------------------------------------------------------------
@@ -764,7 +766,7 @@ std::string ReserveFingerprint(const ReserveRequest& r) {
 }  // namespace
 
 absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
-  uint64_t before;
+  uint64_t before, after;
   absl::StatusOr<AllocResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -840,14 +842,15 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
     }();
     ++stats_.alloc_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
+    after = generation_;
   }
-  NotifyIfChanged(before);
+  NotifyIfChanged(before, after);
   return result;
 }
 
 absl::StatusOr<ReservationInfo> PagePool::Reserve(
     const ReserveRequest& request) {
-  uint64_t before;
+  uint64_t before, after;
   absl::StatusOr<ReservationInfo> result;
   {
     absl::MutexLock lock(&mu_);
@@ -911,13 +914,14 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
     }();
     ++stats_.reserve_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
+    after = generation_;
   }
-  NotifyIfChanged(before);
+  NotifyIfChanged(before, after);
   return result;
 }
 
 absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
-  uint64_t before;
+  uint64_t before, after;
   absl::StatusOr<FreeResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -1019,8 +1023,9 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
     }();
     ++stats_.free_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
+    after = generation_;
   }
-  NotifyIfChanged(before);
+  NotifyIfChanged(before, after);
   return result;
 }
 
@@ -1081,7 +1086,7 @@ void PagePool::AdmitReclaimedLocked() {
 
 absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
     const std::string& reservation_id) {
-  uint64_t before;
+  uint64_t before, after;
   absl::StatusOr<ReleaseResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -1099,8 +1104,9 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
       out.generation = generation_;
       return out;
     }();
+    after = generation_;
   }
-  NotifyIfChanged(before);
+  NotifyIfChanged(before, after);
   return result;
 }
 
@@ -1170,13 +1176,14 @@ void PagePool::ExpireLocked(absl::Time now) {
 }
 
 void PagePool::ExpireReservations() {
-  uint64_t before;
+  uint64_t before, after;
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
     if (!shut_down_) ExpireLocked(clock_->Now());
+    after = generation_;
   }
-  NotifyIfChanged(before);
+  NotifyIfChanged(before, after);
 }
 
 absl::StatusOr<const PagePool::Remembered*> PagePool::RecallLocked(
@@ -1220,7 +1227,7 @@ void PagePool::RememberLocked(
 
 absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
                                                      int64_t revision) {
-  uint64_t before;
+  uint64_t before, after;
   absl::StatusOr<LimitResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -1299,13 +1306,14 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
                    static_cast<long long>(target_pages_));
       return current(state_outcome());
     }();
+    after = generation_;
   }
-  NotifyIfChanged(before);
+  NotifyIfChanged(before, after);
   return result;
 }
 
 absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
-  uint64_t before;
+  uint64_t before, after;
   absl::StatusOr<TrimResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -1334,8 +1342,9 @@ absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
       out.generation = generation_;
       return out;
     }();
+    after = generation_;
   }
-  NotifyIfChanged(before);
+  NotifyIfChanged(before, after);
   return result;
 }
 
@@ -1385,7 +1394,7 @@ bool PagePool::PreallocStep() {
   }
   // Only this thread touches page p's handles while it is MAPPING.
   MapOutcome m = MapPageUnlocked(p);
-  uint64_t before;
+  uint64_t before, after;
   bool more = false;
   {
     absl::MutexLock lock(&mu_);
@@ -1407,8 +1416,9 @@ bool PagePool::PreallocStep() {
       (void)MappingErrorLocked(m, 0);  // marks FAILED when it must
       BumpGenerationLocked();
     }
+    after = generation_;
   }
-  NotifyIfChanged(before);
+  NotifyIfChanged(before, after);
   return more;
 }
 
@@ -1429,14 +1439,8 @@ std::vector<PageBlocks> PagePool::GroupByPage(
 
 void PagePool::BumpGenerationLocked() { ++generation_; }
 
-void PagePool::NotifyIfChanged(uint64_t before) {
-  if (!options_.on_change) return;
-  uint64_t now;
-  {
-    absl::MutexLock lock(&mu_);
-    now = generation_;
-  }
-  if (now != before) options_.on_change(name());
+void PagePool::NotifyIfChanged(uint64_t before, uint64_t after) {
+  if (after != before && options_.on_change) options_.on_change(name());
 }
 
 uint64_t PagePool::generation() const {

@@ -479,8 +479,8 @@ class PagePool {
   LimitInfo LimitInfoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MappedPagesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Invokes options_.on_change if the generation moved past `before`.
-  void NotifyIfChanged(uint64_t before) ABSL_LOCKS_EXCLUDED(mu_);
+  // Invokes options_.on_change if the generation moved.
+  void NotifyIfChanged(uint64_t before, uint64_t after) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckInvariantsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- constant after construction ----

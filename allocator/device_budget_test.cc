@@ -1,0 +1,205 @@
+// Tests of the per-device physical budget (SPEC section 4, scenarios P1-P3):
+// headroom, saturation, the minimum over devices, exact own-use charging and
+// the refresh of other processes' use.
+
+#include "allocator/device_budget.h"
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "allocator/fault_injecting_backend.h"
+#include "allocator/host_backend.h"
+#include "allocator/units.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker {
+namespace {
+
+const Bytes kBundle = MiB(2 * 32 * 2);  // P = 2 MiB, L = 32, K = 2
+
+HostBackendOptions Devices(int n, Bytes total = Bytes(80 * kGiB)) {
+  HostBackendOptions o;
+  o.device_count = n;
+  o.device_total = total;
+  return o;
+}
+
+// Leaves `free` bytes of `device` to the broker.
+void LeaveFree(HostBackend& host, int device, Bytes free) {
+  host.SetExternalUse(device, Bytes(80 * kGiB) - free);
+}
+
+TEST(DeviceBudgetsTest, P1_HeadroomIsFivePercentOfTotal) {
+  HostBackend host(Devices(1));
+  LeaveFree(host, 0, Bytes(10 * kGiB));
+  DeviceBudgets budgets(&host, 0.95);
+  ASSERT_TRUE(budgets.Init().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, kBundle), 48);
+  DeviceBudgetSnapshot s = budgets.Snapshot(0);
+  EXPECT_EQ(s.device, 0);
+  EXPECT_EQ(s.total, Bytes(80 * kGiB));
+  EXPECT_EQ(s.driver_free, Bytes(10 * kGiB));
+  EXPECT_EQ(s.headroom, Bytes(4 * kGiB));
+  EXPECT_EQ(s.charged, Bytes(0));
+  EXPECT_EQ(s.budget, Bytes(6 * kGiB));
+  EXPECT_EQ(s.refreshes, 1);
+  EXPECT_DOUBLE_EQ(budgets.gpu_memory_utilization(), 0.95);
+  EXPECT_EQ(budgets.device_count(), 1);
+}
+
+TEST(DeviceBudgetsTest, P2_BudgetSaturatesAtZero) {
+  HostBackend host(Devices(1));
+  LeaveFree(host, 0, Bytes(3 * kGiB));
+  DeviceBudgets budgets(&host, 0.95);
+  ASSERT_TRUE(budgets.Init().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, kBundle), 0);
+  EXPECT_EQ(budgets.Snapshot(0).budget, Bytes(0));
+  // Nothing can be charged, not even one byte's worth.
+  EXPECT_FALSE(budgets.TryCharge({0}, Bytes(1), 1));
+}
+
+TEST(DeviceBudgetsTest, P3_MinimumOverThePoolsDevices) {
+  HostBackend host(Devices(2));
+  const Bytes headroom(4 * kGiB);
+  // Device 0 affords 10 bundles, device 1 affords 2 (plus a partial bundle
+  // that must not count).
+  LeaveFree(host, 0, headroom + kBundle * 10);
+  LeaveFree(host, 1, headroom + kBundle * 2 + (kBundle - Bytes(1)));
+  DeviceBudgets budgets(&host, 0.95);
+  ASSERT_TRUE(budgets.Init().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0, 1}, kBundle), 2);
+  EXPECT_EQ(budgets.AffordableBundles({1, 0}, kBundle), 2);
+  EXPECT_EQ(budgets.AffordableBundles({0}, kBundle), 10);
+  EXPECT_EQ(budgets.AffordableBundles({1}, kBundle), 2);
+}
+
+TEST(DeviceBudgetsTest, NoDevicesAffordNothing) {
+  HostBackend host(Devices(1));
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  EXPECT_EQ(budgets.AffordableBundles({}, kBundle), 0);
+}
+
+TEST(DeviceBudgetsTest, FullUtilizationHasNoHeadroom) {
+  HostBackend host(Devices(1, MiB(64)));
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  EXPECT_EQ(budgets.Snapshot(0).headroom, Bytes(0));
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 32);
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(3)), 21);  // floor
+}
+
+TEST(DeviceBudgetsTest, ChargingIsExactAndNeedsNoDriverCall) {
+  HostBackend host(Devices(1, MiB(20)));
+  FaultInjectingBackend counted(&host);
+  DeviceBudgets budgets(&counted, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  const int64_t queries = counted.calls(BackendOp::kQueryMemory);
+  EXPECT_EQ(queries, 1);
+
+  EXPECT_TRUE(budgets.TryCharge({0}, MiB(2), 3));
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 7);
+  EXPECT_EQ(budgets.Snapshot(0).charged, MiB(6));
+  EXPECT_EQ(budgets.Snapshot(0).budget, MiB(14));
+  // Charging more than the budget charges nothing.
+  EXPECT_FALSE(budgets.TryCharge({0}, MiB(2), 8));
+  EXPECT_EQ(budgets.Snapshot(0).charged, MiB(6));
+  EXPECT_TRUE(budgets.TryCharge({0}, MiB(2), 7));
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 0);
+  budgets.Uncharge({0}, MiB(2), 10);
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 10);
+  EXPECT_EQ(budgets.Snapshot(0).charged, Bytes(0));
+  // A zero-count charge always succeeds and changes nothing.
+  EXPECT_TRUE(budgets.TryCharge({0}, MiB(2), 0));
+  EXPECT_EQ(budgets.Snapshot(0).charged, Bytes(0));
+
+  EXPECT_EQ(counted.calls(BackendOp::kQueryMemory), queries);
+}
+
+TEST(DeviceBudgetsTest, ChargeIsAllDevicesOrNone) {
+  HostBackend host(Devices(2, MiB(20)));
+  host.SetExternalUse(1, MiB(16));  // device 1 affords 2 bundles of 2 MiB
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  EXPECT_FALSE(budgets.TryCharge({0, 1}, MiB(2), 3));
+  EXPECT_EQ(budgets.Snapshot(0).charged, Bytes(0));
+  EXPECT_EQ(budgets.Snapshot(1).charged, Bytes(0));
+  EXPECT_TRUE(budgets.TryCharge({0, 1}, MiB(2), 2));
+  EXPECT_EQ(budgets.Snapshot(0).charged, MiB(4));
+  EXPECT_EQ(budgets.Snapshot(1).charged, MiB(4));
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 8);
+  EXPECT_EQ(budgets.AffordableBundles({0, 1}, MiB(2)), 0);
+}
+
+TEST(DeviceBudgetsTest, OtherProcessesAreSeenOnRefresh) {
+  HostBackend host(Devices(1, MiB(20)));
+  FaultInjectingBackend counted(&host);
+  DeviceBudgets budgets(&counted, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 10);
+
+  host.SetExternalUse(0, MiB(15));
+  // The cached view stands until a refresh: no driver call per query.
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 10);
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 2);
+  EXPECT_EQ(budgets.Snapshot(0).refreshes, 2);
+
+  host.SetExternalUse(0, Bytes(0));
+  ASSERT_TRUE(budgets.RefreshAll().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 10);
+  EXPECT_EQ(counted.calls(BackendOp::kQueryMemory), 3);
+}
+
+TEST(DeviceBudgetsTest, OwnMemoryIsCountedOnceAcrossRefreshes) {
+  // A pool charges, then creates; the driver then sees the bytes as used.
+  // Before and after a refresh the budget is the same: counted once.
+  HostBackend host(Devices(1, MiB(20)));
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  ASSERT_TRUE(budgets.TryCharge({0}, MiB(2), 3));
+  std::vector<PhysicalHandle> handles;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<PhysicalHandle> h = host.Create(0, MiB(2));
+    ASSERT_TRUE(h.ok()) << h.status();
+    handles.push_back(*h);
+  }
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 7);
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  EXPECT_EQ(budgets.Snapshot(0).driver_free, MiB(14));
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 7);
+
+  // Release, then uncharge: the budget returns, refreshed or not.
+  for (PhysicalHandle h : handles) ASSERT_TRUE(host.Release(0, h).ok());
+  budgets.Uncharge({0}, MiB(2), 3);
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 10);
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 10);
+}
+
+TEST(DeviceBudgetsTest, ExternalUseBeyondTotalSaturates) {
+  HostBackend host(Devices(1, MiB(20)));
+  host.SetExternalUse(0, MiB(30));
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  EXPECT_EQ(budgets.Snapshot(0).driver_free, Bytes(0));
+  EXPECT_EQ(budgets.Snapshot(0).budget, Bytes(0));
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 0);
+}
+
+TEST(DeviceBudgetsTest, QueryErrorsAreReturned) {
+  HostBackend host(Devices(2));
+  FaultInjectingBackend faulty(&host);
+  faulty.AddFault({BackendOp::kQueryMemory, FaultKind::kFatal, 1, 1});
+  DeviceBudgets budgets(&faulty, 0.95);
+  absl::Status s = budgets.Init();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  // Device 0 was still read; device 1 reads on the next refresh.
+  EXPECT_EQ(budgets.Snapshot(0).refreshes, 1);
+  EXPECT_EQ(budgets.Snapshot(1).refreshes, 0);
+  EXPECT_TRUE(budgets.Refresh(1).ok());
+  EXPECT_EQ(budgets.Snapshot(1).refreshes, 1);
+}
+
+}  // namespace
+}  // namespace kvbroker

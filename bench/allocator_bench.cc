@@ -1,0 +1,121 @@
+// Allocator benchmarks (Google Benchmark), in-process, host backend.
+//
+//   BM_Capacity/<pages>          Capacity() on pools of 1 Ki, 64 Ki and 1 Mi
+//                                pages; must stay flat (no page-list walk).
+//   BM_AllocFree/<blocks>        Alloc(n) + Free of the same ids, served from
+//                                mapped pages: no backend call.
+//   BM_AllocMapsPage             Alloc that maps one fresh page + the Free
+//                                that unmaps it (max_idle_pages = 0).
+//   BM_RawHostMapUnmap           baseline for the line above: the backend's
+//                                own create/map/set-access/unmap/release loop
+//                                for one page, no pool.
+//   BM_MutexBaseline             baseline: one uncontended lock/unlock.
+//
+// Report ratios against the baselines (bench/RESULTS.md).
+
+#include <memory>
+#include <vector>
+
+#include "allocator/device_budget.h"
+#include "allocator/host_backend.h"
+#include "allocator/page_pool.h"
+#include "benchmark/benchmark.h"
+
+namespace kvbroker {
+namespace {
+
+struct Fixture {
+  explicit Fixture(int64_t pages, int64_t block_bytes, int64_t min_idle,
+                   int64_t max_idle)
+      : host(HostBackendOptions{1, Bytes(int64_t{1} << 46), MiB(2)}),
+        budgets(&host, 1.0) {
+    (void)budgets.Init();
+    PoolConfig c;
+    c.name = "bench";
+    c.page_size = MiB(2);
+    c.block_bytes = Bytes(block_bytes);
+    c.max_blocks = pages * (MiB(2).value() / block_bytes);
+    PoolOptions o;
+    o.min_idle_pages = min_idle;
+    o.max_idle_pages = max_idle;
+    pool = *PagePool::Create(c, &host, &budgets, &clock, o);
+  }
+  HostBackend host;
+  DeviceBudgets budgets;
+  ManualClock clock;
+  std::unique_ptr<PagePool> pool;
+};
+
+std::vector<BlockId> Ids(const AllocResult& r) {
+  std::vector<BlockId> out;
+  for (const auto& pb : r.pages) {
+    out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
+  }
+  return out;
+}
+
+void BM_Capacity(benchmark::State& state) {
+  Fixture f(state.range(0), 16 * kKiB, 0, 4);
+  // Some OPEN and FULL pages so every counter is live.
+  (void)f.pool->Alloc({1000, "", "", {}});
+  for (auto _ : state) {
+    auto c = f.pool->Capacity();
+    benchmark::DoNotOptimize(c);
+  }
+}
+BENCHMARK(BM_Capacity)->Arg(1 << 10)->Arg(1 << 16)->Arg(1 << 20);
+
+void BM_AllocFree(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Fixture f(1024, 16 * kKiB, 0, 1 << 20);
+  // Map enough pages up front and keep them IDLE.
+  auto warm = f.pool->Alloc({4 * n + 1024, "", "", {}});
+  (void)f.pool->Free({Ids(*warm), ""});
+  for (auto _ : state) {
+    auto r = f.pool->Alloc({n, "", "", {}});
+    auto fr = f.pool->Free({Ids(*r), ""});
+    benchmark::DoNotOptimize(fr);
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_AllocFree)->Arg(1)->Arg(16)->Arg(256);
+
+void BM_AllocMapsPage(benchmark::State& state) {
+  Fixture f(1024, 2 * kMiB, 0, 0);
+  for (auto _ : state) {
+    auto r = f.pool->Alloc({1, "", "", {}});
+    auto fr = f.pool->Free({Ids(*r), ""});
+    benchmark::DoNotOptimize(fr);
+  }
+}
+BENCHMARK(BM_AllocMapsPage);
+
+void BM_RawHostMapUnmap(benchmark::State& state) {
+  HostBackend host;
+  const Bytes page = MiB(2);
+  VirtualRange range = *host.ReserveRange(0, page);
+  for (auto _ : state) {
+    PhysicalHandle h = *host.Create(0, page);
+    (void)host.Map(0, range.base, page, h);
+    (void)host.SetAccess(0, range.base, page);
+    (void)host.Unmap(0, range.base, page);
+    (void)host.Release(0, h);
+  }
+  (void)host.FreeRange(0, range);
+}
+BENCHMARK(BM_RawHostMapUnmap);
+
+void BM_MutexBaseline(benchmark::State& state) {
+  absl::Mutex mu;
+  int64_t x = 0;
+  for (auto _ : state) {
+    absl::MutexLock lock(&mu);
+    benchmark::DoNotOptimize(++x);
+  }
+}
+BENCHMARK(BM_MutexBaseline);
+
+}  // namespace
+}  // namespace kvbroker
+
+BENCHMARK_MAIN();
