@@ -111,7 +111,10 @@ absl::Status PagePool::Init() {
   target_pages_ = T;
   for (PageId p = 0; p < T; ++p) {
     Page& page = pages_[p];
-    page.usable = g.usable(p).value();
+    const BlockRange r = g.range(p);
+    page.begin = r.begin;
+    page.end = r.end;
+    page.usable = r.size();
     if (page.usable == 0) {
       page.state = PageState::kEmpty;
     } else {
@@ -240,8 +243,7 @@ void PagePool::AttachMappedLocked(PageId p) {
 
 void PagePool::MarkMappedLocked(PageId p) {
   Page& page = pages_[p];
-  BlockRange r = geometry_.range(p);
-  for (BlockId b = r.begin; b < r.end; ++b) {
+  for (BlockId b = page.begin; b < page.end; ++b) {
     free_bits_[b >> 6] |= uint64_t{1} << (b & 63);
   }
   page.free = page.usable;
@@ -252,8 +254,7 @@ void PagePool::MarkMappedLocked(PageId p) {
 
 void PagePool::MarkUnmappedLocked(PageId p) {
   Page& page = pages_[p];
-  BlockRange r = geometry_.range(p);
-  for (BlockId b = r.begin; b < r.end; ++b) {
+  for (BlockId b = page.begin; b < page.end; ++b) {
     free_bits_[b >> 6] &= ~(uint64_t{1} << (b & 63));
   }
   page.free = 0;
@@ -263,10 +264,10 @@ void PagePool::MarkUnmappedLocked(PageId p) {
 int64_t PagePool::TakeFromPageLocked(PageId p, int64_t n, BlockOwner owner,
                                      std::vector<BlockId>* out) {
   Page& page = pages_[p];
-  BlockRange r = geometry_.range(p);
+  const BlockId end = page.end;
   int64_t taken = 0;
-  BlockId b = r.begin;
-  while (taken < n && b < r.end) {
+  BlockId b = page.begin;
+  while (taken < n && b < end) {
     const int64_t word = b >> 6;
     uint64_t bits = free_bits_[word] & (~uint64_t{0} << (b & 63));
     if (bits == 0) {
@@ -274,7 +275,7 @@ int64_t PagePool::TakeFromPageLocked(PageId p, int64_t n, BlockOwner owner,
       continue;
     }
     BlockId found = (word << 6) + __builtin_ctzll(bits);
-    if (found >= r.end) break;
+    if (found >= end) break;
     free_bits_[word] &= ~(uint64_t{1} << (found & 63));
     owner_[found] = owner;
     out->push_back(found);
@@ -290,8 +291,14 @@ int64_t PagePool::TakeFromPageLocked(PageId p, int64_t n, BlockOwner owner,
   return taken;
 }
 
-void PagePool::ReturnBlockLocked(BlockId b) {
-  const PageId p = geometry_.page_of(b);
+PageId PagePool::PageOfLocked(BlockId b, PageId hint) const {
+  if (hint >= 0 && b >= pages_[hint].begin && b < pages_[hint].end) {
+    return hint;
+  }
+  return geometry_.page_of(b);
+}
+
+void PagePool::ReturnBlockLocked(PageId p, BlockId b) {
   Page& page = pages_[p];
   if (owner_[b] == BlockOwner::kReserved) {
     --page.reserved;
@@ -683,9 +690,11 @@ absl::StatusOr<std::vector<BlockId>> PagePool::AcquireLocked(
   out.reserve(plan.from_reservation + plan.from_pool);
   // 1. The caller's reservation.
   if (plan.from_reservation > 0) {
+    PageId hint = -1;
     for (int64_t i = 0; i < plan.from_reservation; ++i) {
       BlockId b = reservation->blocks[i];
-      Page& page = pages_[geometry_.page_of(b)];
+      hint = PageOfLocked(b, hint);
+      Page& page = pages_[hint];
       --page.reserved;
       ++page.allocated;
       --reserved_;
@@ -997,12 +1006,13 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       FreeResult out;
       std::vector<PageId> touched;
       for (BlockId b : sorted) {
-        const PageId p = geometry_.page_of(b);
+        const PageId p =
+            PageOfLocked(b, touched.empty() ? PageId{-1} : touched.back());
         if (touched.empty() || touched.back() != p) {
           touched.push_back(p);
           DetachMappedLocked(p);  // OPEN or FULL: it holds block b
         }
-        ReturnBlockLocked(b);
+        ReturnBlockLocked(p, b);
       }
       for (PageId p : touched) {
         if (pages_[p].allocated + pages_[p].reserved == 0) {
@@ -1114,12 +1124,13 @@ void PagePool::ReleaseReservationLocked(Reservation& r) {
   expiry_.erase({r.expires, r.id});
   std::vector<PageId> touched;
   for (BlockId b : r.blocks) {  // ascending
-    const PageId p = geometry_.page_of(b);
+    const PageId p =
+        PageOfLocked(b, touched.empty() ? PageId{-1} : touched.back());
     if (touched.empty() || touched.back() != p) {
       touched.push_back(p);
       DetachMappedLocked(p);
     }
-    ReturnBlockLocked(b);
+    ReturnBlockLocked(p, b);
   }
   r.blocks.clear();
   int64_t unmapped = 0;
@@ -1430,7 +1441,8 @@ std::vector<PageBlocks> PagePool::GroupByPage(
   std::sort(blocks.begin(), blocks.end());
   std::vector<PageBlocks> out;
   for (BlockId b : blocks) {
-    const PageId p = geometry_.page_of(b);
+    const PageId p =
+        PageOfLocked(b, out.empty() ? PageId{-1} : out.back().page_id);
     if (out.empty() || out.back().page_id != p) out.push_back({p, {}});
     out.back().block_ids.push_back(b);
   }
@@ -1474,7 +1486,9 @@ absl::Status PagePool::CheckInvariantsLocked() const {
   for (PageId p = 0; p < T; ++p) {
     const Page& page = pages_[p];
     ++by_state[StateIndex(page.state)];
-    if (page.usable != geometry_.usable(p).value()) {
+    const BlockRange range = geometry_.range(p);
+    if (page.usable != range.size() || page.begin != range.begin ||
+        page.end != range.end) {
       return fail("page ", p, " usable ", page.usable);
     }
     BlockRange r = geometry_.range(p);

@@ -352,6 +352,8 @@ class PagePool {
  private:
   struct Page {
     PageState state = PageState::kFree;
+    BlockId begin = 0;  // geometry_.range(p), cached: no division per block
+    BlockId end = 0;
     int64_t usable = 0;
     int64_t free = 0;       // free blocks (mapped pages only)
     int64_t allocated = 0;  // including the null block
@@ -419,8 +421,13 @@ class PagePool {
   int64_t TakeFromPageLocked(PageId p, int64_t n, BlockOwner owner,
                              std::vector<BlockId>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns one allocated or reserved block to its page.
-  void ReturnBlockLocked(BlockId b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns one allocated or reserved block b of page p to its page.
+  void ReturnBlockLocked(PageId p, BlockId b)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The page of block b; `hint` (a page id or -1) is tried first, which makes
+  // walks over sorted ids division-free.
+  PageId PageOfLocked(BlockId b, PageId hint) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A page whose last block was returned: IDLE, FREE or RECLAIMED.
   void OnPageEmptiedLocked(PageId p, int64_t* unmapped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -475,7 +482,8 @@ class PagePool {
                       std::variant<AllocResult, FreeResult, ReservationInfo>
                           result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks) const;
+  std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   LimitInfo LimitInfoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MappedPagesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,13 +1,27 @@
 // The acceptance scenarios of shared/spec/scenarios.md, one test per row,
 // driven through the allocator's C++ API.
 //
-// Every pool sits on a HostBackend wrapped in a FaultInjectingBackend, whose
-// call counters prove that a refusal happened before any page was mapped
-// ("refused" = the named reason and zero Create/Map/SetAccess calls during the
-// call). Unless a row says otherwise: L = K = 1, one device, no null block,
+// Every pool sits on the backend TestBackend gives (host memory by default,
+// the GPUs with KVB_TEST_BACKEND=cuda: the same binary proves the same rows on
+// an H200) wrapped in a FaultInjectingBackend, whose call counters prove that a
+// refusal happened before any page was mapped ("refused" = the named reason
+// and zero Create/Map/SetAccess calls during the call). Budgets are set only
+// through the wrapper's OverrideMemory and held memory is counted only through
+// its live_handles()/created_bytes(), so no row depends on a host-only knob;
+// the target backend still creates and maps every page for real. A row that
+// needs more devices than the backend has is skipped with the reason.
+//
+// Unless a row says otherwise: L = K = 1, one device, no null block,
 // gpu_memory_utilization 1.0 over an 80 GiB device, and min_idle_pages =
 // max_idle_pages = 0. Every mutation goes through a helper that runs
 // PagePool::CheckInvariants() afterwards.
+//
+// GPU footprint: every row maps at most a few hundred MiB per device (the
+// largest, C14, at most 24 pages of 14 MiB; P3 two 128 MiB bundles per
+// device) and reserves at most a few GiB of virtual range, so the 80 GiB
+// "device" the overrides describe never promises more than an H200 (about
+// 140 GiB) can really map in any row. P1 and P2 are budget arithmetic only and
+// map nothing.
 
 #include <algorithm>
 #include <array>
@@ -32,8 +46,8 @@
 #include "allocator/failure.h"
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/geometry.h"
-#include "allocator/host_backend.h"
 #include "allocator/page_pool.h"
+#include "allocator/testing/test_backend.h"
 #include "allocator/units.h"
 #include "gtest/gtest.h"
 
@@ -58,29 +72,64 @@ namespace {
   } while (0)
 
 // ---------------------------------------------------------------------------
-// The rig: host memory, the counting wrapper, budgets and a manual clock.
+// The rig: the test backend, the counting wrapper, budgets and a manual clock.
+
+using testing_support::TestBackend;
+
+// What every device of a rig reports until a row says otherwise: an 80 GiB
+// device with nothing used by other processes.
+const Bytes kDeviceTotal(80 * kGiB);
 
 struct Rig {
-  explicit Rig(HostBackendOptions host_options = {}, double utilization = 1.0)
-      : host(host_options), backend(&host), budgets(&backend, utilization) {
+  // A rig over the backend TestBackend gives for `devices` devices, or
+  // nullptr with `why` set (the caller skips).
+  static std::unique_ptr<Rig> Make(int devices, double utilization,
+                                   std::string* why) {
+    std::unique_ptr<TestBackend> target = TestBackend::Make(devices, why);
+    if (target == nullptr) return nullptr;
+    return std::unique_ptr<Rig>(new Rig(std::move(target), utilization));
+  }
+
+  Rig(std::unique_ptr<TestBackend> target, double utilization)
+      : test_backend(std::move(target)),
+        backend(test_backend->backend()),
+        budgets(&backend, utilization) {
+    // Every device the backend has (a GPU machine may have more than the row
+    // asked for), so that DeviceBudgets never reads a real driver figure.
+    for (int d = 0; d < backend.device_count(); ++d) {
+      backend.OverrideMemory(d, MemoryInfo{kDeviceTotal, kDeviceTotal});
+    }
     absl::Status s = budgets.Init();
     EXPECT_TRUE(s.ok()) << s;
   }
 
   // Leaves exactly `free` bytes of `device` unused by other processes and
-  // refreshes the budgets' view of it.
+  // refreshes the budgets' view of it. (The wrapper reports the override's
+  // free minus what was created through it, so add back what is held now.)
   void LeaveFree(int device, Bytes free) {
-    const Bytes total = host.QueryMemory(device)->total;
-    host.SetExternalUse(device, total - host.created_bytes(device) - free);
+    backend.OverrideMemory(
+        device, MemoryInfo{free + backend.created_bytes(device), kDeviceTotal});
     absl::Status s = budgets.RefreshAll();
     EXPECT_TRUE(s.ok()) << s;
   }
 
-  HostBackend host;
+  std::unique_ptr<TestBackend> test_backend;
   FaultInjectingBackend backend;
   DeviceBudgets budgets;
   ManualClock clock;
 };
+
+// Declares `Rig& name` over `devices` devices with budgets at `utilization`,
+// or skips the test with the reason there is no such backend (no GPU, or a
+// one-GPU machine asked for two).
+#define RIG_OR_SKIP_WITH(name, devices, utilization)                   \
+  std::string name##_why;                                              \
+  std::unique_ptr<Rig> name##_owner =                                  \
+      Rig::Make((devices), (utilization), &name##_why);                \
+  if (name##_owner == nullptr) GTEST_SKIP() << name##_why;             \
+  Rig& name = *name##_owner
+// The default rig: one device, utilization 1.0.
+#define RIG_OR_SKIP(name) RIG_OR_SKIP_WITH(name, 1, 1.0)
 
 PoolConfig Geo(Bytes page, Bytes block, int64_t max_blocks) {
   PoolConfig c;
@@ -258,8 +307,9 @@ struct CallDelta {
   int64_t calls(BackendOp op) const {
     return backend.calls(op) - calls0[static_cast<int>(op)];
   }
-  // Calls that reached the target backend and succeeded there (the host
-  // backend does not fail these calls on its own in these tests).
+  // Calls that reached the target backend and succeeded there (the target
+  // backend, host or GPU, does not fail these calls on its own in these
+  // tests: every row maps far less than the device holds).
   int64_t done(BackendOp op) const {
     return calls(op) -
            (backend.injected(op) - injected0[static_cast<int>(op)]);
@@ -280,7 +330,7 @@ void ExpectFullyUnwound(const CallDelta& d) {
 // Geometry
 
 TEST(Scenarios, G1_RangesFourteenMiBPagesSixMiBBlocks) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(14), MiB(6), 15)));
   const Geometry& g = pool->geometry();
   EXPECT_EQ(g.range(0), (BlockRange{0, 2}));
@@ -301,7 +351,7 @@ TEST(Scenarios, G1_RangesFourteenMiBPagesSixMiBBlocks) {
 }
 
 TEST(Scenarios, G2_RangesSevenHundredSixtyEightKiBBlocks) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(2), KiB(768), 16)));
   const Geometry& g = pool->geometry();
   EXPECT_EQ(g.range(0), (BlockRange{0, 2}));
@@ -311,7 +361,7 @@ TEST(Scenarios, G2_RangesSevenHundredSixtyEightKiBBlocks) {
 }
 
 TEST(Scenarios, G3_RangesWithEmptyPages) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(2), KiB(1536), 8)));
   const Geometry& g = pool->geometry();
   const std::vector<BlockRange> expected = {{0, 1}, {2, 2}, {3, 4},
@@ -327,7 +377,7 @@ TEST(Scenarios, G3_RangesWithEmptyPages) {
 }
 
 TEST(Scenarios, G4_BlockLargerThanPageNamesFourMiB) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   const CallDelta d(rig.backend);
   absl::StatusOr<std::unique_ptr<PagePool>> pool =
       MakePool(rig, Geo(MiB(2), MiB(3), 10));
@@ -342,7 +392,7 @@ TEST(Scenarios, G4_BlockLargerThanPageNamesFourMiB) {
 }
 
 TEST(Scenarios, G5_LastPageClippedKeepsBlockFour) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(2), MiB(1), 5)));
   EXPECT_EQ(pool->geometry().page_count(), PageCount(3));
   EXPECT_EQ(Available(*pool), 5);
@@ -352,7 +402,7 @@ TEST(Scenarios, G5_LastPageClippedKeepsBlockFour) {
 }
 
 TEST(Scenarios, G6_PageNotMultipleOfGranularity) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_EQ(rig.backend.granularity(0), MiB(2));
   const CallDelta d(rig.backend);
   absl::StatusOr<std::unique_ptr<PagePool>> pool =
@@ -371,7 +421,7 @@ TEST(Scenarios, G6_PageNotMultipleOfGranularity) {
 PoolConfig C1Pool() { return Geo(MiB(14), MiB(6), 5); }
 
 TEST(Scenarios, C1_CapacityCountsOnlyWholeBlocks) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C1Pool()));
   EXPECT_EQ(pool->geometry().page_count(), PageCount(3));
   CapacitySnapshot c = Cap(*pool, 10);
@@ -389,7 +439,7 @@ TEST(Scenarios, C1_CapacityCountsOnlyWholeBlocks) {
 }
 
 TEST(Scenarios, C2_AllocFourRefusedRequestTooLarge) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C1Pool()));
   absl::Status s =
       RefusedBeforeMapping(rig, FailureReason::kRequestTooLarge,
@@ -401,7 +451,7 @@ TEST(Scenarios, C2_AllocFourRefusedRequestTooLarge) {
 }
 
 TEST(Scenarios, C3_AllocThreeGroupsByPage) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C1Pool()));
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 3));
   EXPECT_EQ(r.num_blocks, 3);
@@ -414,7 +464,7 @@ TEST(Scenarios, C3_AllocThreeGroupsByPage) {
   EXPECT_EQ(r.pages_mapped, 2);
   EXPECT_EQ(rig.backend.calls(BackendOp::kCreate), 2);
   EXPECT_EQ(rig.backend.calls(BackendOp::kMap), 2);
-  EXPECT_EQ(rig.host.live_handles(), 2);
+  EXPECT_EQ(rig.backend.live_handles(), 2);
   CapacitySnapshot c = Cap(*pool);
   EXPECT_EQ(c.pages_full, PageCount(2));
   EXPECT_EQ(c.mapped_bytes, MiB(28));
@@ -423,7 +473,7 @@ TEST(Scenarios, C3_AllocThreeGroupsByPage) {
 }
 
 TEST(Scenarios, C4_NullBlockIsNeverHandedOut) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   PoolConfig config = C1Pool();
   config.reserve_null_block = true;
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, config));
@@ -443,7 +493,7 @@ TEST(Scenarios, C4_NullBlockIsNeverHandedOut) {
 }
 
 TEST(Scenarios, C5_FreedPageLeavesOneAvailable) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C1Pool()));
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 3));
   ASSERT_OK_AND_ASSIGN(FreeResult f, Free(*pool, {3}));
@@ -457,7 +507,7 @@ TEST(Scenarios, C5_FreedPageLeavesOneAvailable) {
 }
 
 TEST(Scenarios, C6_SevenBlocksCountFive) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(14), MiB(6), 7)));
   EXPECT_EQ(Available(*pool), 5);
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 5));
@@ -468,7 +518,7 @@ TEST(Scenarios, C6_SevenBlocksCountFive) {
 PoolConfig C7Pool() { return Geo(MiB(2), KiB(1536), 8); }
 
 TEST(Scenarios, C7_EmptyPagesAreNeverMapped) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C7Pool()));
   EXPECT_EQ(Available(*pool), 4);
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 4));
@@ -476,7 +526,7 @@ TEST(Scenarios, C7_EmptyPagesAreNeverMapped) {
                            {0, {0}}, {2, {3}}, {3, {4}}, {5, {7}}}));
   EXPECT_EQ(r.pages_mapped, 4);
   EXPECT_EQ(rig.backend.calls(BackendOp::kCreate), 4);
-  EXPECT_EQ(rig.host.live_handles(), 4);
+  EXPECT_EQ(rig.backend.live_handles(), 4);
   EXPECT_EQ(StateOf(*pool, 1), PageState::kEmpty);
   EXPECT_EQ(StateOf(*pool, 4), PageState::kEmpty);
 
@@ -488,13 +538,13 @@ TEST(Scenarios, C7_EmptyPagesAreNeverMapped) {
   EXPECT_EQ(c.allocated_blocks, BlockCount(0));
   EXPECT_EQ(c.pages_idle, PageCount(0));  // max_idle_pages = 0
   EXPECT_EQ(c.mapped_bytes, Bytes(0));
-  EXPECT_EQ(rig.host.live_handles(), 0);
+  EXPECT_EQ(rig.backend.live_handles(), 0);
   EXPECT_EQ(c.available_blocks, BlockCount(4));
   EXPECT_EQ(rig.backend.calls(BackendOp::kCreate), 4);  // 1 and 4: never
 }
 
 TEST(Scenarios, C8_AllocFiveRefusedRequestTooLarge) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C7Pool()));
   absl::Status s = RefusedBeforeMapping(
       rig, FailureReason::kRequestTooLarge, [&] { return Alloc(*pool, 5); });
@@ -503,7 +553,7 @@ TEST(Scenarios, C8_AllocFiveRefusedRequestTooLarge) {
 }
 
 TEST(Scenarios, C9_SevenHundredSixtyEightKiBBlocks) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(2), KiB(768), 8)));
   EXPECT_EQ(Available(*pool), 6);
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 6));
@@ -512,7 +562,7 @@ TEST(Scenarios, C9_SevenHundredSixtyEightKiBBlocks) {
 }
 
 TEST(Scenarios, C10_EightMiBPagesSixMiBBlocks) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(8), MiB(6), 6)));
   EXPECT_EQ(Available(*pool), 3);
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 3));
@@ -521,7 +571,7 @@ TEST(Scenarios, C10_EightMiBPagesSixMiBBlocks) {
 }
 
 TEST(Scenarios, C11_CapacityFollowsConsumptionOrderAndBudget) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   // Two pages may stay IDLE after their blocks are freed.
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(14), MiB(6), 15),
                                            Quiet(/*min_idle=*/0,
@@ -534,7 +584,7 @@ TEST(Scenarios, C11_CapacityFollowsConsumptionOrderAndBudget) {
   ASSERT_TRUE(Free(*pool, {12, 13}).ok());  // page 5
   ASSERT_TRUE(Free(*pool, {10}).ok());      // page 4
   ASSERT_TRUE(Free(*pool, {0, 1, 3, 5, 6, 7, 8, 14}).ok());
-  ASSERT_EQ(rig.host.live_handles(), 2);
+  ASSERT_EQ(rig.backend.live_handles(), 2);
   // Budget: one more bundle of 14 MiB (and 13 MiB that buys nothing).
   rig.LeaveFree(0, MiB(14 + 13));
 
@@ -570,7 +620,7 @@ TEST(Scenarios, C11_CapacityFollowsConsumptionOrderAndBudget) {
 }
 
 TEST(Scenarios, C12_BudgetOfThreeBundles) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(2), MiB(1), 20)));
   rig.LeaveFree(0, MiB(3 * 2 + 1));
   CapacitySnapshot c = Cap(*pool);
@@ -587,7 +637,7 @@ TEST(Scenarios, C12_BudgetOfThreeBundles) {
 }
 
 TEST(Scenarios, C13_SixteenKiBBlocksSixtyFiveThousand) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(2), KiB(16), 65536)));
   EXPECT_EQ(pool->geometry().page_count(), PageCount(512));
   EXPECT_EQ(Available(*pool), 65536);
@@ -661,7 +711,9 @@ class RandomWalk {
                                 " null=", config.reserve_null_block,
                                 " idle=", min_idle, "..", max_idle);
     SCOPED_TRACE(description_);
-    rig_ = std::make_unique<Rig>();
+    std::string why;
+    rig_ = Rig::Make(/*devices=*/1, /*utilization=*/1.0, &why);
+    ASSERT_TRUE(rig_ != nullptr) << why;
     T_ = 0;
     ASSERT_NO_FATAL_FAILURE(SetBudget(Uniform(1, pages + 2)));
     ASSERT_OK_AND_ASSIGN(pool_,
@@ -721,9 +773,9 @@ class RandomWalk {
     ASSERT_EQ(c.allocated_blocks.value(),
               static_cast<int64_t>(allocated_.size()));
     ASSERT_EQ(c.reserved_blocks.value(), ReservedInModel());
-    ASSERT_EQ(c.mapped_bytes, rig_->host.created_bytes(0));
+    ASSERT_EQ(c.mapped_bytes, rig_->backend.created_bytes(0));
     ASSERT_EQ(c.mapped_bytes.value(),
-              rig_->host.live_handles() * P_.value());
+              rig_->backend.live_handles() * P_.value());
     // available = free blocks on mapped pages + usable of the counted FREE
     // pages, and the counted FREE pages are the first min(affordable, |FREE|).
     int64_t mapped_free = 0, free_usable = 0, counted_usable = 0;
@@ -944,6 +996,10 @@ class RandomWalk {
 };
 
 TEST(Scenarios, C14_CapacityIsExactAfterEveryStep) {
+  std::string why;
+  if (Rig::Make(/*devices=*/1, /*utilization=*/1.0, &why) == nullptr) {
+    GTEST_SKIP() << why;
+  }
   WalkTally tally;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     RandomWalk walk(seed, &tally);
@@ -979,32 +1035,45 @@ TEST(Scenarios, C14_CapacityIsExactAfterEveryStep) {
 }
 
 // ===========================================================================
-// Physical budget (DeviceBudgets over a HostBackend)
+// Physical budget (DeviceBudgets over the test backend, its memory set with
+// OverrideMemory)
 
 const Bytes kP1Bundle = MiB(2 * 32 * 2);  // P = 2 MiB, L = 32, K = 2
 
+// P1 and P2 are arithmetic over DeviceBudgets: no pool, nothing mapped. The
+// device reports total 80 GiB and the row's free memory from the first query.
+#define BUDGET_BACKEND_OR_SKIP(backend, free)                       \
+  std::string backend##_why;                                        \
+  std::unique_ptr<TestBackend> backend##_target =                   \
+      TestBackend::Make(1, &backend##_why);                         \
+  if (backend##_target == nullptr) GTEST_SKIP() << backend##_why;   \
+  FaultInjectingBackend backend(backend##_target->backend());       \
+  backend.OverrideMemory(0, MemoryInfo{(free), kDeviceTotal})
+
 TEST(Scenarios, P1_FortyEightBundlesAffordable) {
-  HostBackend host;  // 80 GiB
-  host.SetExternalUse(0, Bytes(70 * kGiB));
-  DeviceBudgets budgets(&host, 0.95);
+  // 80 GiB, 70 GiB used by other processes.
+  BUDGET_BACKEND_OR_SKIP(backend, Bytes(10 * kGiB));
+  DeviceBudgets budgets(&backend, 0.95);
   ASSERT_TRUE(budgets.Init().ok());
   EXPECT_EQ(budgets.Snapshot(0).headroom, Bytes(4 * kGiB));
   EXPECT_EQ(budgets.AffordableBundles({0}, kP1Bundle), 48);
+  EXPECT_EQ(backend.map_calls(), 0);
 }
 
 TEST(Scenarios, P2_NothingAffordableNeverNegative) {
-  HostBackend host;
-  host.SetExternalUse(0, Bytes(77 * kGiB));
-  DeviceBudgets budgets(&host, 0.95);
+  // 80 GiB, 77 GiB used by other processes.
+  BUDGET_BACKEND_OR_SKIP(backend, Bytes(3 * kGiB));
+  DeviceBudgets budgets(&backend, 0.95);
   ASSERT_TRUE(budgets.Init().ok());
   EXPECT_EQ(budgets.AffordableBundles({0}, kP1Bundle), 0);
   EXPECT_EQ(budgets.Snapshot(0).budget, Bytes(0));
+  EXPECT_EQ(backend.map_calls(), 0);
 }
 
+// Needs two real devices: the pool maps a bundle on each (2 x 128 MiB per
+// device at most).
 TEST(Scenarios, P3_TwoDevicesAffordTheMinimum) {
-  HostBackendOptions two;
-  two.device_count = 2;
-  Rig rig(two, 0.95);
+  RIG_OR_SKIP_WITH(rig, /*devices=*/2, /*utilization=*/0.95);
   const Bytes headroom(4 * kGiB);
   rig.LeaveFree(0, headroom + kP1Bundle * 10 + MiB(64));
   rig.LeaveFree(1, headroom + kP1Bundle * 2 + (kP1Bundle - Bytes(1)));
@@ -1023,8 +1092,8 @@ TEST(Scenarios, P3_TwoDevicesAffordTheMinimum) {
   (void)RefusedBeforeMapping(rig, FailureReason::kGpuMemoryExhausted,
                              [&] { return Alloc(*pool, 3); });
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 2));
-  EXPECT_EQ(rig.host.created_bytes(0), kP1Bundle * 2);
-  EXPECT_EQ(rig.host.created_bytes(1), kP1Bundle * 2);
+  EXPECT_EQ(rig.backend.created_bytes(0), kP1Bundle * 2);
+  EXPECT_EQ(rig.backend.created_bytes(1), kP1Bundle * 2);
 }
 
 // ===========================================================================
@@ -1034,7 +1103,7 @@ TEST(Scenarios, P3_TwoDevicesAffordTheMinimum) {
 PoolConfig R1Pool() { return Geo(MiB(2), KiB(512), 64); }
 
 TEST(Scenarios, R1_OutOfMemoryOnSecondPageRollsBack) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, R1Pool()));
   const std::string before = Observable(*pool);
   rig.backend.AddFault({BackendOp::kCreate, FaultKind::kOutOfMemory, 2});
@@ -1050,8 +1119,8 @@ TEST(Scenarios, R1_OutOfMemoryOnSecondPageRollsBack) {
   EXPECT_EQ(d.calls(BackendOp::kUnmap), 1);
   EXPECT_EQ(d.calls(BackendOp::kRelease), 1);
   ExpectFullyUnwound(d);
-  EXPECT_EQ(rig.host.live_handles(), 0);
-  EXPECT_EQ(rig.host.created_bytes(0), Bytes(0));
+  EXPECT_EQ(rig.backend.live_handles(), 0);
+  EXPECT_EQ(rig.backend.created_bytes(0), Bytes(0));
   EXPECT_EQ(rig.budgets.Snapshot(0).charged, Bytes(0));
   // Allocated blocks, page states and the generation are as before.
   EXPECT_EQ(Observable(*pool), before);
@@ -1059,7 +1128,7 @@ TEST(Scenarios, R1_OutOfMemoryOnSecondPageRollsBack) {
 }
 
 TEST(Scenarios, R2_AfterTheFaultClearsAllocSucceeds) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, R1Pool()));
   rig.backend.AddFault({BackendOp::kCreate, FaultKind::kOutOfMemory, 2});
   ASSERT_FALSE(Alloc(*pool, 8).ok());
@@ -1070,11 +1139,11 @@ TEST(Scenarios, R2_AfterTheFaultClearsAllocSucceeds) {
   EXPECT_EQ(d.calls(BackendOp::kCreate), 2);
   EXPECT_EQ(ByPage(r), (std::map<PageId, std::vector<BlockId>>{
                            {0, {0, 1, 2, 3}}, {1, {4, 5, 6, 7}}}));
-  EXPECT_EQ(rig.host.live_handles(), 2);
+  EXPECT_EQ(rig.backend.live_handles(), 2);
 }
 
 TEST(Scenarios, R3_DriverErrorOnThirdMapRollsBack) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, R1Pool()));
   const std::string before = Observable(*pool);
   rig.backend.AddFault({BackendOp::kMap, FaultKind::kError, 3});
@@ -1086,18 +1155,18 @@ TEST(Scenarios, R3_DriverErrorOnThirdMapRollsBack) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(d.calls(BackendOp::kMap), 3);
   ExpectFullyUnwound(d);
-  EXPECT_EQ(rig.host.live_handles(), 0);
+  EXPECT_EQ(rig.backend.live_handles(), 0);
   EXPECT_EQ(Observable(*pool), before);
   CapacitySnapshot c = Cap(*pool);
   EXPECT_TRUE(c.healthy);
   EXPECT_EQ(c.available_blocks, BlockCount(64));
   ASSERT_OK_AND_ASSIGN(AllocResult again, Alloc(*pool, 12));
   EXPECT_EQ(again.pages_mapped, 3);
-  EXPECT_EQ(rig.host.live_handles(), 3);
+  EXPECT_EQ(rig.backend.live_handles(), 3);
 }
 
 TEST(Scenarios, R4_FailedRollbackFailsOnlyThatPool) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   BrokerOptions options;
   options.start_worker = false;
   options.min_idle_pages = 0;
@@ -1143,7 +1212,7 @@ TEST(Scenarios, R4_FailedRollbackFailsOnlyThatPool) {
 }
 
 TEST(Scenarios, R5_PreallocFatalErrorVisibleInNextCapacity) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, R1Pool(),
                                            Quiet(/*min_idle=*/1,
                                                  /*max_idle=*/1)));
@@ -1165,10 +1234,9 @@ TEST(Scenarios, R5_PreallocFatalErrorVisibleInNextCapacity) {
   EXPECT_EQ(d.calls(BackendOp::kCreate), 1);
 }
 
+// Needs two real devices: device 0 really maps before device 1 fails.
 TEST(Scenarios, R6_SecondDeviceFailureUnmapsTheFirst) {
-  HostBackendOptions two;
-  two.device_count = 2;
-  Rig rig(two);
+  RIG_OR_SKIP_WITH(rig, /*devices=*/2, /*utilization=*/1.0);
   PoolConfig config = R1Pool();
   config.devices = {0, 1};
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, config));
@@ -1185,9 +1253,9 @@ TEST(Scenarios, R6_SecondDeviceFailureUnmapsTheFirst) {
       << r.status();
   EXPECT_EQ(d.done(BackendOp::kMap), 1);  // device 0's
   ExpectFullyUnwound(d);
-  EXPECT_EQ(rig.host.created_bytes(0), Bytes(0));
-  EXPECT_EQ(rig.host.created_bytes(1), Bytes(0));
-  EXPECT_EQ(rig.host.live_handles(), 0);
+  EXPECT_EQ(rig.backend.created_bytes(0), Bytes(0));
+  EXPECT_EQ(rig.backend.created_bytes(1), Bytes(0));
+  EXPECT_EQ(rig.backend.live_handles(), 0);
   EXPECT_EQ(Observable(*pool), before);
 
   // Out of memory on device 1's Create: same outcome, GPU_MEMORY_EXHAUSTED.
@@ -1198,20 +1266,20 @@ TEST(Scenarios, R6_SecondDeviceFailureUnmapsTheFirst) {
   EXPECT_EQ(GetReason(r.status()), FailureReason::kGpuMemoryExhausted)
       << r.status();
   ExpectFullyUnwound(d2);
-  EXPECT_EQ(rig.host.live_handles(), 0);
+  EXPECT_EQ(rig.backend.live_handles(), 0);
   EXPECT_EQ(Observable(*pool), before);
 
   // Healthy throughout: both devices map on the next try.
   ASSERT_OK_AND_ASSIGN(AllocResult ok, Alloc(*pool, 4));
-  EXPECT_EQ(rig.host.created_bytes(0), MiB(2));
-  EXPECT_EQ(rig.host.created_bytes(1), MiB(2));
+  EXPECT_EQ(rig.backend.created_bytes(0), MiB(2));
+  EXPECT_EQ(rig.backend.created_bytes(1), MiB(2));
 }
 
 // ===========================================================================
 // Arguments and frees
 
 TEST(Scenarios, V1_NegativeCountNamesNumBlocks) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C1Pool()));
   absl::Status s = RefusedBeforeMapping(rig, FailureReason::kInvalidArgument,
                                         [&] { return Alloc(*pool, -1); });
@@ -1223,7 +1291,7 @@ TEST(Scenarios, V1_NegativeCountNamesNumBlocks) {
 }
 
 TEST(Scenarios, V2_AllocZeroSucceedsEmpty) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C1Pool()));
   const uint64_t generation = pool->generation();
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 0));
@@ -1235,7 +1303,7 @@ TEST(Scenarios, V2_AllocZeroSucceedsEmpty) {
 }
 
 TEST(Scenarios, V3_FreeOfUnallocatedIdsFreesNothing) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(14), MiB(6), 15)));
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 3));
   ASSERT_EQ(Ids(r), (std::vector<BlockId>{0, 1, 3}));
@@ -1268,7 +1336,7 @@ TEST(Scenarios, V3_FreeOfUnallocatedIdsFreesNothing) {
 }
 
 TEST(Scenarios, V4_DuplicateAndDoubleFrees) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(14), MiB(6), 15)));
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 3));
   const std::string before = Observable(*pool);
@@ -1293,7 +1361,7 @@ TEST(Scenarios, V4_DuplicateAndDoubleFrees) {
 PoolConfig TenBlocks() { return Geo(MiB(2), MiB(1), 10); }
 
 TEST(Scenarios, V5_TwoReservationsOfFive) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, TenBlocks()));
   ASSERT_EQ(Available(*pool), 10);
   ASSERT_OK_AND_ASSIGN(ReservationInfo a, Reserve(*pool, 5));
@@ -1320,7 +1388,7 @@ TEST(Scenarios, V5_TwoReservationsOfFive) {
 }
 
 TEST(Scenarios, V6_AllocFromReservationThenRelease) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, TenBlocks()));
   ASSERT_OK_AND_ASSIGN(ReservationInfo res, Reserve(*pool, 5));
   const std::vector<BlockId> held = Ids(res);
@@ -1352,7 +1420,7 @@ TEST(Scenarios, V6_AllocFromReservationThenRelease) {
 }
 
 TEST(Scenarios, V7_ReservationExpiresAfterItsTtl) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, TenBlocks()));
   const absl::Duration ttl = absl::Seconds(10);
   ASSERT_OK_AND_ASSIGN(ReservationInfo res, Reserve(*pool, 5, ttl));
@@ -1375,7 +1443,7 @@ TEST(Scenarios, V7_ReservationExpiresAfterItsTtl) {
 }
 
 TEST(Scenarios, V8_RetriedAllocIsIdempotent) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, TenBlocks()));
   ASSERT_OK_AND_ASSIGN(AllocResult first, Alloc(*pool, 3, "req-1"));
   EXPECT_FALSE(first.replayed);
@@ -1441,14 +1509,14 @@ void RunS1(PagePool& pool) {
 }
 
 TEST(Scenarios, S1_DeferredShrinkCompletesOnFree) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, S1Pool()));
   ASSERT_NO_FATAL_FAILURE(RunS1(*pool));
-  EXPECT_EQ(rig.host.live_handles(), 2);
+  EXPECT_EQ(rig.backend.live_handles(), 2);
 }
 
 TEST(Scenarios, S2_RaisingTheLimitNeverHandsAPageOutTwice) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, S1Pool()));
   ASSERT_NO_FATAL_FAILURE(RunS1(*pool));
   ASSERT_TRUE(Free(*pool, {4, 6}).ok());  // S1's pool, idle
@@ -1473,11 +1541,11 @@ TEST(Scenarios, S2_RaisingTheLimitNeverHandsAPageOutTwice) {
     EXPECT_EQ(pb.block_ids.size(), 2u);
   }
   EXPECT_EQ(pages.size(), 10u);
-  EXPECT_EQ(rig.host.live_handles(), 10);
+  EXPECT_EQ(rig.backend.live_handles(), 10);
 }
 
 TEST(Scenarios, S3_TargetIsKeptInPagesNotBlocks) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, Geo(MiB(14), MiB(6), 15)));
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 5));  // pages 0, 1, 2
   ASSERT_EQ(r.pages_mapped, 3);
@@ -1502,7 +1570,7 @@ TEST(Scenarios, S3_TargetIsKeptInPagesNotBlocks) {
 }
 
 TEST(Scenarios, S4_DeferredRefusesNewPagesNotOpenBlocks) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, S1Pool()));
   ASSERT_NO_FATAL_FAILURE(FourPagesOneBlockEach(*pool));
   ASSERT_OK_AND_ASSIGN(LimitResult l, Limit(*pool, kS1Bundle * 3, 1));
@@ -1540,7 +1608,7 @@ void RunL2(Rig& rig, PagePool& pool) {
   EXPECT_EQ(l.limit.overage_bytes, kLBundle * 2);
   EXPECT_EQ(l.limit.effective_bytes, kLBundle * 2);
   EXPECT_EQ(l.limit.revision, 8);
-  EXPECT_EQ(rig.host.created_bytes(0), kLBundle * 4);
+  EXPECT_EQ(rig.backend.created_bytes(0), kLBundle * 4);
 }
 
 // L2, then SetMemoryLimit(32b, rev 9): L3.
@@ -1556,7 +1624,7 @@ void RunL3(Rig& rig, PagePool& pool) {
 }
 
 TEST(Scenarios, L1_LimitRoundsDownToWholeBundles) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, LPool(),
                                            Quiet(/*min_idle=*/0,
                                                  /*max_idle=*/2)));
@@ -1585,7 +1653,7 @@ TEST(Scenarios, L1_LimitRoundsDownToWholeBundles) {
 }
 
 TEST(Scenarios, L2_LowerThanInUseIsDeferredWithOverage) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, LPool()));
   ASSERT_NO_FATAL_FAILURE(RunL2(rig, *pool));
   CapacitySnapshot c = Cap(*pool);
@@ -1594,7 +1662,7 @@ TEST(Scenarios, L2_LowerThanInUseIsDeferredWithOverage) {
 }
 
 TEST(Scenarios, L3_LimitClampedToPageCount) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, LPool()));
   ASSERT_NO_FATAL_FAILURE(RunL3(rig, *pool));
   CapacitySnapshot c = Cap(*pool);
@@ -1603,7 +1671,7 @@ TEST(Scenarios, L3_LimitClampedToPageCount) {
 }
 
 TEST(Scenarios, L4_RevisionsAreIdempotentConflictingOrStale) {
-  Rig rig;
+  RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, LPool()));
   ASSERT_NO_FATAL_FAILURE(RunL3(rig, *pool));
   const std::string before = Observable(*pool);

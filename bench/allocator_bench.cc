@@ -19,6 +19,7 @@
 #include "allocator/device_budget.h"
 #include "allocator/host_backend.h"
 #include "allocator/page_pool.h"
+#include "absl/synchronization/mutex.h"
 #include "benchmark/benchmark.h"
 
 namespace kvbroker {
@@ -118,4 +119,12 @@ BENCHMARK(BM_MutexBaseline);
 }  // namespace
 }  // namespace kvbroker
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  // Debian's Abseil is built with Mutex deadlock detection on; a daemon
+  // turns it off (server/main.cc), so the benchmark measures that setting.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
