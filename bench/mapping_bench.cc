@@ -35,7 +35,7 @@ ABSL_FLAG(int, pages, 64, "page ids per round (raw and pool)");
 ABSL_FLAG(int, rounds, 15, "alternating rounds of raw and pool");
 ABSL_FLAG(int64_t, page_mib, 2, "page (handle) size in MiB");
 ABSL_FLAG(int, bringup_gib, 100, "size of the bring-up pool; 0 skips it");
-ABSL_FLAG(int, latency_ops, 20000, "Alloc+Free pairs per latency phase");
+ABSL_FLAG(double, latency_seconds, 2, "seconds per latency phase");
 
 namespace kvbroker {
 namespace {
@@ -103,11 +103,12 @@ std::pair<double, double> PoolRound(PagePool* pool, int k) {
           absl::ToDoubleMicroseconds(t2 - t1) / k};
 }
 
-std::vector<double> LatencyPhase(PagePool* pool, int ops) {
+// Alloc(16) + Free pairs for `seconds`; microseconds per pair.
+std::vector<double> LatencyPhase(PagePool* pool, double seconds) {
   std::vector<double> us;
-  us.reserve(ops);
-  for (int i = 0; i < ops; ++i) {
-    absl::Time t0 = absl::Now();
+  us.reserve(1 << 20);
+  const absl::Time end = absl::Now() + absl::Seconds(seconds);
+  for (absl::Time t0 = absl::Now(); t0 < end; t0 = absl::Now()) {
     absl::StatusOr<AllocResult> r = pool->Alloc({16, "", "", {}});
     if (!r.ok()) Die(r.status(), "latency alloc");
     absl::StatusOr<FreeResult> f = pool->Free({Ids(*r), ""});
@@ -198,8 +199,8 @@ int Main() {
     if (!warm.ok()) Die(warm.status(), "latency warm-up");
     (void)(*lat)->Free({Ids(*warm), ""});
   }
-  const int ops = absl::GetFlag(FLAGS_latency_ops);
-  std::vector<double> idle = LatencyPhase(lat->get(), ops);
+  const double secs = absl::GetFlag(FLAGS_latency_seconds);
+  std::vector<double> idle = LatencyPhase(lat->get(), secs / 2);
   std::atomic<bool> stop{false};
   std::atomic<int64_t> churn_pages{0};
   std::thread churn([&] {
@@ -210,10 +211,10 @@ int Main() {
     }
     (void)backend->FreeRange(0, r);
   });
-  std::vector<double> busy = LatencyPhase(lat->get(), ops);
+  std::vector<double> busy = LatencyPhase(lat->get(), secs);
   stop = true;
   churn.join();
-  std::vector<double> idle2 = LatencyPhase(lat->get(), ops);
+  std::vector<double> idle2 = LatencyPhase(lat->get(), secs / 2);
   idle.insert(idle.end(), idle2.begin(), idle2.end());
 
   const double raw_page = Median(raw_map) + Median(raw_unmap);
@@ -241,10 +242,10 @@ int Main() {
   }
   std::printf("%-34s %10.2f / %.2f us\n", "alloc+free(16) idle p50 / p99",
               Percentile(idle, 0.5), Percentile(idle, 0.99));
-  std::printf("%-34s %10.2f / %.2f us (%lld pages churned)\n",
+  std::printf("%-34s %10.2f / %.2f us (%.0f pages/s mapped and unmapped "
+              "beside it)\n",
               "alloc+free(16) busy p50 / p99", Percentile(busy, 0.5),
-              Percentile(busy, 0.99),
-              static_cast<long long>(churn_pages.load()));
+              Percentile(busy, 0.99), churn_pages.load() / secs);
   std::printf("%-34s %10.3f x\n", "busy/idle p99 (<= 1.2)",
               Percentile(busy, 0.99) / Percentile(idle, 0.99));
   return 0;
