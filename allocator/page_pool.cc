@@ -1308,13 +1308,6 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
                                                 : LimitState::kApplied;
       if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();
       BumpGenerationLocked();
-      std::fprintf(stderr,
-                   "kvbroker: pool %s memory limit %lld bytes (revision %lld)"
-                   ": %s, target %lld pages\n",
-                   name().c_str(), static_cast<long long>(limit_bytes.value()),
-                   static_cast<long long>(revision),
-                   LimitOutcomeName(state_outcome()),
-                   static_cast<long long>(target_pages_));
       return current(state_outcome());
     }();
     after = generation_;

@@ -13,7 +13,12 @@
 //   IDLE       mapped, no allocated or reserved block
 //   OPEN       mapped, some blocks allocated or reserved, some free
 //   FULL       mapped, every usable block allocated or reserved
-//   RECLAIMED  unmapped and above the memory limit: not allocatable
+//   RECLAIMED  unmapped and above the memory limit: not allocatable. Kept in
+//              a list: pages reclaimed by lowering the limit go to its front
+//              (so the FREE list's back ends up first), pages emptied while
+//              the pool is over its limit go to its back; raising the limit
+//              re-admits from the front, in list order, ahead of every FREE
+//              page
 //   EMPTY      usable(p) == 0: never mapped, never counted, never listed
 //
 // Consumption order (Alloc and Reserve take capacity in this order, Capacity

@@ -57,7 +57,7 @@ namespace {
 #endif
 
 #ifdef KVB_UNDER_TSAN
-constexpr int kIterations = 2000;
+constexpr int kIterations = 6000;
 #else
 constexpr int kIterations = 10000;
 #endif
