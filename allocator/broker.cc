@@ -60,10 +60,8 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
   po.min_idle_pages = options_.min_idle_pages;
   po.max_idle_pages = options_.max_idle_pages;
   po.idempotency_window = options_.idempotency_window;
-  po.on_change = [this](const std::string& pool) {
-    Notify(pool);
-    Kick();
-  };
+  po.on_change = [this](const std::string& pool) { Notify(pool); };
+  po.on_prealloc_needed = [this] { Kick(); };
   absl::StatusOr<std::unique_ptr<PagePool>> created =
       PagePool::Create(config, backend_, &budgets_, clock_, std::move(po));
   if (!created.ok()) return created.status();

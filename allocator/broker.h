@@ -9,7 +9,8 @@
 //   - expires reservations;
 //   - refreshes the driver's view of device memory every
 //     `budget_refresh_interval`.
-// It wakes on a Kick() (every pool change kicks it) or on its interval.
+// It wakes on a Kick() (a pool kicks it when a call left it below
+// min_idle_pages with pages to map) or on its interval.
 //
 // Thread safety: thread-safe. The broker's lock guards only the pool map and
 // is never held while calling into a pool.

@@ -649,13 +649,15 @@ void PagePool::MarkFailedLocked(const std::string& why) {
 
 void PagePool::MarkFailed(const std::string& why) {
   uint64_t before, after;
+  bool prealloc = false;
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
     MarkFailedLocked(why);
     after = generation_;
+    prealloc = NeedsPreallocLocked();
   }
-  NotifyIfChanged(before, after);
+  NotifyIfChanged(before, after, prealloc);
 }
 
 // ---------------------------------------------------------------------------
@@ -776,6 +778,7 @@ std::string ReserveFingerprint(const ReserveRequest& r) {
 
 absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
   uint64_t before, after;
+  bool prealloc = false;
   absl::StatusOr<AllocResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -852,14 +855,16 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
     ++stats_.alloc_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
     after = generation_;
+    prealloc = NeedsPreallocLocked();
   }
-  NotifyIfChanged(before, after);
+  NotifyIfChanged(before, after, prealloc);
   return result;
 }
 
 absl::StatusOr<ReservationInfo> PagePool::Reserve(
     const ReserveRequest& request) {
   uint64_t before, after;
+  bool prealloc = false;
   absl::StatusOr<ReservationInfo> result;
   {
     absl::MutexLock lock(&mu_);
@@ -924,13 +929,15 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
     ++stats_.reserve_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
     after = generation_;
+    prealloc = NeedsPreallocLocked();
   }
-  NotifyIfChanged(before, after);
+  NotifyIfChanged(before, after, prealloc);
   return result;
 }
 
 absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
   uint64_t before, after;
+  bool prealloc = false;
   absl::StatusOr<FreeResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -1034,8 +1041,9 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
     ++stats_.free_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
     after = generation_;
+    prealloc = NeedsPreallocLocked();
   }
-  NotifyIfChanged(before, after);
+  NotifyIfChanged(before, after, prealloc);
   return result;
 }
 
@@ -1097,6 +1105,7 @@ void PagePool::AdmitReclaimedLocked() {
 absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
     const std::string& reservation_id) {
   uint64_t before, after;
+  bool prealloc = false;
   absl::StatusOr<ReleaseResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -1115,8 +1124,9 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
       return out;
     }();
     after = generation_;
+    prealloc = NeedsPreallocLocked();
   }
-  NotifyIfChanged(before, after);
+  NotifyIfChanged(before, after, prealloc);
   return result;
 }
 
@@ -1188,13 +1198,15 @@ void PagePool::ExpireLocked(absl::Time now) {
 
 void PagePool::ExpireReservations() {
   uint64_t before, after;
+  bool prealloc = false;
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
     if (!shut_down_) ExpireLocked(clock_->Now());
     after = generation_;
+    prealloc = NeedsPreallocLocked();
   }
-  NotifyIfChanged(before, after);
+  NotifyIfChanged(before, after, prealloc);
 }
 
 absl::StatusOr<const PagePool::Remembered*> PagePool::RecallLocked(
@@ -1239,6 +1251,7 @@ void PagePool::RememberLocked(
 absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
                                                      int64_t revision) {
   uint64_t before, after;
+  bool prealloc = false;
   absl::StatusOr<LimitResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -1311,13 +1324,15 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
       return current(state_outcome());
     }();
     after = generation_;
+    prealloc = NeedsPreallocLocked();
   }
-  NotifyIfChanged(before, after);
+  NotifyIfChanged(before, after, prealloc);
   return result;
 }
 
 absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
   uint64_t before, after;
+  bool prealloc = false;
   absl::StatusOr<TrimResult> result;
   {
     absl::MutexLock lock(&mu_);
@@ -1347,8 +1362,9 @@ absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
       return out;
     }();
     after = generation_;
+    prealloc = NeedsPreallocLocked();
   }
-  NotifyIfChanged(before, after);
+  NotifyIfChanged(before, after, prealloc);
   return result;
 }
 
@@ -1399,6 +1415,7 @@ bool PagePool::PreallocStep() {
   // Only this thread touches page p's handles while it is MAPPING.
   MapOutcome m = MapPageUnlocked(p);
   uint64_t before, after;
+  bool prealloc = false;
   bool more = false;
   {
     absl::MutexLock lock(&mu_);
@@ -1421,8 +1438,9 @@ bool PagePool::PreallocStep() {
       BumpGenerationLocked();
     }
     after = generation_;
+    prealloc = NeedsPreallocLocked();
   }
-  NotifyIfChanged(before, after);
+  NotifyIfChanged(before, after, prealloc);
   return more;
 }
 
@@ -1444,8 +1462,16 @@ std::vector<PageBlocks> PagePool::GroupByPage(
 
 void PagePool::BumpGenerationLocked() { ++generation_; }
 
-void PagePool::NotifyIfChanged(uint64_t before, uint64_t after) {
+void PagePool::NotifyIfChanged(uint64_t before, uint64_t after,
+                               bool prealloc) {
   if (after != before && options_.on_change) options_.on_change(name());
+  if (prealloc && options_.on_prealloc_needed) options_.on_prealloc_needed();
+}
+
+bool PagePool::NeedsPreallocLocked() const {
+  return !shut_down_ && !failed_ && !mapping_.has_value() &&
+         static_cast<int64_t>(idle_.size()) < options_.min_idle_pages &&
+         limit_state_ != LimitState::kDeferred && !free_.empty();
 }
 
 uint64_t PagePool::generation() const {

@@ -248,6 +248,9 @@ struct PoolOptions {
   int64_t expired_reservations_remembered = 65536;
   // Called (without any pool lock held) after the pool's generation changed.
   std::function<void(const std::string& pool)> on_change;
+  // Called (without any pool lock held) after a call left the pool below
+  // min_idle_pages with pages it could map: wake the prealloc worker.
+  std::function<void()> on_prealloc_needed;
 };
 
 class PagePool {
@@ -492,8 +495,12 @@ class PagePool {
   LimitInfo LimitInfoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MappedPagesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Invokes options_.on_change if the generation moved.
-  void NotifyIfChanged(uint64_t before, uint64_t after) ABSL_LOCKS_EXCLUDED(mu_);
+  // Invokes options_.on_change if the generation moved, and
+  // options_.on_prealloc_needed if `prealloc`.
+  void NotifyIfChanged(uint64_t before, uint64_t after, bool prealloc)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether PreallocStep would map a page now.
+  bool NeedsPreallocLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckInvariantsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- constant after construction ----

@@ -1,0 +1,318 @@
+// rpc_bench: the KvBroker RPCs against a bare ping served by the same server
+// (same process, same listener, same threads), in one run.
+//
+// Every measured call alternates with a ping on the same channel, so both
+// see the same state of the machine; the table reports, per RPC, the median
+// over rounds of p50 and p99 and of their ratio to the ping's in that round. Then QPS with 64
+// calls in flight (callback client), ping against Capacity and Alloc+Free.
+// Targets: p50 <= 1.10 x ping, p99 <= 1.20 x ping, QPS >= 0.9 x ping.
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "allocator/host_backend.h"
+#include "bench/proto/ping.grpc.pb.h"
+#include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
+#include "server/daemon.h"
+
+ABSL_FLAG(int, calls, 3000, "sequential calls per phase per round");
+ABSL_FLAG(int, rounds, 7, "rounds of the latency phases");
+ABSL_FLAG(int, inflight, 64, "calls in flight in the QPS phase");
+ABSL_FLAG(double, qps_seconds, 3, "seconds per QPS phase");
+ABSL_FLAG(std::string, transport, "tcp", "tcp or unix");
+
+namespace kvbroker {
+namespace {
+
+class PingService final : public bench::Ping::CallbackService {
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx,
+                                 const bench::PingRequest*,
+                                 bench::PingResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+};
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "rpc_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Keeps `inflight` calls going for `seconds`; `start(done)` issues one call
+// and invokes done() when it completes.
+double Qps(const std::function<void(std::function<void()>)>& start,
+           int inflight, double seconds) {
+  absl::Mutex mu;
+  int64_t completed = 0;
+  int outstanding = 0;
+  bool stopping = false;
+  const absl::Time end = absl::Now() + absl::Seconds(seconds);
+  std::function<void()> issue;
+  issue = [&]() {
+    start([&]() {
+      bool again;
+      {
+        absl::MutexLock lock(&mu);
+        ++completed;
+        again = !stopping && absl::Now() < end;
+        if (!again) {
+          stopping = true;
+          --outstanding;
+        }
+      }
+      if (again) issue();
+    });
+  };
+  {
+    absl::MutexLock lock(&mu);
+    outstanding = inflight;
+  }
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < inflight; ++i) issue();
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(
+      +[](int* o) { return *o == 0; }, &outstanding));
+  return completed / absl::ToDoubleSeconds(absl::Now() - t0);
+}
+
+int Main() {
+  HostBackend host(HostBackendOptions{1, Bytes(int64_t{1} << 40), MiB(2)});
+  BrokerOptions bo;
+  bo.min_idle_pages = 4;
+  bo.max_idle_pages = 64;
+  DaemonOptions dopt;
+  const bool unix = absl::GetFlag(FLAGS_transport) == "unix";
+  std::string sock = absl::StrFormat("/tmp/kvb-rpc-bench-%d.sock", getpid());
+  dopt.listen = unix ? "" : "127.0.0.1:0";
+  dopt.unix_socket = unix ? sock : "";
+  PingService ping_service;
+  dopt.extra_services.push_back(&ping_service);
+  auto daemon = Daemon::Create(&host, bo, dopt);
+  if (!daemon.ok()) Die(daemon.status().ToString());
+  if (auto s = (*daemon)->Start(); !s.ok()) Die(s.ToString());
+  const std::string target =
+      unix ? "unix:" + sock
+           : absl::StrFormat("127.0.0.1:%d", (*daemon)->tcp_port());
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  std::unique_ptr<bench::Ping::Stub> ping_stub = bench::Ping::NewStub(channel);
+  std::unique_ptr<v1::KvBroker::Stub> kvb_stub = v1::KvBroker::NewStub(channel);
+  bench::Ping::Stub* ping = ping_stub.get();
+  v1::KvBroker::Stub* kvb = kvb_stub.get();
+
+  {
+    grpc::ClientContext ctx;
+    v1::CreatePoolRequest req;
+    v1::CreatePoolResponse resp;
+    auto* spec = req.mutable_pool();
+    spec->set_name("bench");
+    spec->set_page_size(2 * kMiB);
+    spec->set_block_bytes(16 * kKiB);
+    spec->set_max_blocks(1 << 16);
+    grpc::Status s = kvb->CreatePool(&ctx, req, &resp);
+    if (!s.ok()) Die("CreatePool: " + s.error_message());
+  }
+
+  auto do_ping = [&] {
+    grpc::ClientContext ctx;
+    bench::PingRequest req;
+    bench::PingResponse resp;
+    if (!ping->Ping(&ctx, req, &resp).ok()) Die("ping");
+  };
+  auto do_capacity = [&] {
+    grpc::ClientContext ctx;
+    v1::CapacityRequest req;
+    req.set_pool("bench");
+    v1::CapacityResponse resp;
+    if (!kvb->Capacity(&ctx, req, &resp).ok()) Die("capacity");
+  };
+  // Alloc and Free are timed separately; each phase alternates them.
+  std::vector<int64_t> held;
+  auto do_alloc = [&](int n) {
+    grpc::ClientContext ctx;
+    v1::AllocRequest req;
+    req.set_pool("bench");
+    req.set_num_blocks(n);
+    v1::AllocResponse resp;
+    grpc::Status s = kvb->Alloc(&ctx, req, &resp);
+    if (!s.ok()) Die("alloc: " + s.error_message());
+    held.clear();
+    for (const auto& pb : resp.pages()) {
+      held.insert(held.end(), pb.block_ids().begin(), pb.block_ids().end());
+    }
+  };
+  auto do_free = [&] {
+    grpc::ClientContext ctx;
+    v1::FreeRequest req;
+    req.set_pool("bench");
+    for (int64_t b : held) req.add_block_ids(b);
+    v1::FreeResponse resp;
+    if (!kvb->Free(&ctx, req, &resp).ok()) Die("free");
+  };
+
+  const int n = absl::GetFlag(FLAGS_calls);
+  // Each measured RPC is interleaved call by call with a ping, so both see
+  // the same moment of the machine; the ratio is taken within each round.
+  struct Series {
+    std::string name;
+    std::vector<double> p50, p99, ping50, ping99;
+  };
+  std::vector<Series> series = {{"Capacity"},   {"Alloc(16)"},
+                                {"Free(16)"},   {"Alloc(128)"},
+                                {"Free(128)"}};
+  auto timed = [](const std::function<void()>& f) {
+    absl::Time t0 = absl::Now();
+    f();
+    return absl::ToDoubleMicroseconds(absl::Now() - t0);
+  };
+  auto pct = [](std::vector<double>& v, int q) {
+    std::sort(v.begin(), v.end());
+    return v[std::min<size_t>(v.size() - 1, v.size() * q / 100)];
+  };
+  auto record = [&](Series& s, std::vector<double>& rpc,
+                    std::vector<double>& pings) {
+    s.p50.push_back(pct(rpc, 50));
+    s.p99.push_back(pct(rpc, 99));
+    s.ping50.push_back(pct(pings, 50));
+    s.ping99.push_back(pct(pings, 99));
+  };
+  for (int i = 0; i < n / 4; ++i) {  // warm-up
+    do_ping();
+    do_capacity();
+  }
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    {
+      std::vector<double> rpc, pings;
+      for (int i = 0; i < n; ++i) {
+        pings.push_back(timed(do_ping));
+        rpc.push_back(timed(do_capacity));
+      }
+      record(series[0], rpc, pings);
+    }
+    for (int size : {16, 128}) {
+      std::vector<double> a, f, pa, pf;
+      for (int i = 0; i < n; ++i) {
+        pa.push_back(timed(do_ping));
+        a.push_back(timed([&] { do_alloc(size); }));
+        pf.push_back(timed(do_ping));
+        f.push_back(timed(do_free));
+      }
+      const int idx = size == 16 ? 1 : 3;
+      record(series[idx], a, pa);
+      record(series[idx + 1], f, pf);
+    }
+  }
+
+  // QPS with `inflight` calls outstanding.
+  const int inflight = absl::GetFlag(FLAGS_inflight);
+  const double secs = absl::GetFlag(FLAGS_qps_seconds);
+  auto ping_async = [&](std::function<void()> done) {
+    auto* ctx = new grpc::ClientContext;
+    auto* req = new bench::PingRequest;
+    auto* resp = new bench::PingResponse;
+    ping->async()->Ping(ctx, req, resp, [=](grpc::Status s) {
+      if (!s.ok()) Die("async ping");
+      delete ctx;
+      delete req;
+      delete resp;
+      done();
+    });
+  };
+  auto capacity_async = [&](std::function<void()> done) {
+    auto* ctx = new grpc::ClientContext;
+    auto* req = new v1::CapacityRequest;
+    req->set_pool("bench");
+    auto* resp = new v1::CapacityResponse;
+    kvb->async()->Capacity(ctx, req, resp, [=](grpc::Status s) {
+      if (!s.ok()) Die("async capacity");
+      delete ctx;
+      delete req;
+      delete resp;
+      done();
+    });
+  };
+  // One Alloc(16), then the Free of its blocks: two RPCs per completion.
+  auto allocfree_async = [&](std::function<void()> done) {
+    auto* ctx = new grpc::ClientContext;
+    auto* req = new v1::AllocRequest;
+    req->set_pool("bench");
+    req->set_num_blocks(16);
+    auto* resp = new v1::AllocResponse;
+    kvb->async()->Alloc(ctx, req, resp, [=](grpc::Status s) {
+      if (!s.ok()) Die("async alloc: " + s.error_message());
+      auto* fctx = new grpc::ClientContext;
+      auto* freq = new v1::FreeRequest;
+      freq->set_pool("bench");
+      for (const auto& pb : resp->pages()) {
+        for (int64_t b : pb.block_ids()) freq->add_block_ids(b);
+      }
+      auto* fresp = new v1::FreeResponse;
+      delete ctx;
+      delete req;
+      delete resp;
+      kvb->async()->Free(fctx, freq, fresp, [=](grpc::Status fs) {
+        if (!fs.ok()) Die("async free");
+        delete fctx;
+        delete freq;
+        delete fresp;
+        done();
+      });
+    });
+  };
+  std::vector<double> qps_ping, qps_capacity, qps_allocfree;
+  for (int round = 0; round < 3; ++round) {
+    qps_ping.push_back(Qps(ping_async, inflight, secs));
+    qps_capacity.push_back(Qps(capacity_async, inflight, secs));
+    qps_allocfree.push_back(2 * Qps(allocfree_async, inflight, secs));
+  }
+
+  std::printf("\nrpc_bench over %s, %d calls x %d rounds per phase, each "
+              "call interleaved with a ping\n",
+              unix ? "a Unix socket" : "loopback TCP", n,
+              absl::GetFlag(FLAGS_rounds));
+  std::printf("%-12s %9s %9s %9s %9s %11s %11s\n", "rpc", "p50 us", "p99 us",
+              "ping p50", "ping p99", "p50/ping", "p99/ping");
+  for (Series& s : series) {
+    std::vector<double> r50, r99;
+    for (size_t i = 0; i < s.p50.size(); ++i) {
+      r50.push_back(s.p50[i] / s.ping50[i]);
+      r99.push_back(s.p99[i] / s.ping99[i]);
+    }
+    std::printf("%-12s %9.1f %9.1f %9.1f %9.1f %10.3fx %10.3fx\n",
+                s.name.c_str(), Median(s.p50), Median(s.p99),
+                Median(s.ping50), Median(s.ping99), Median(r50), Median(r99));
+  }
+  const double qp = Median(qps_ping);
+  std::printf("QPS, %d in flight: ping %.0f, Capacity %.0f (%.3fx), "
+              "Alloc+Free(16) %.0f RPC/s (%.3fx)\n",
+              inflight, qp, Median(qps_capacity), Median(qps_capacity) / qp,
+              Median(qps_allocfree), Median(qps_allocfree) / qp);
+  (*daemon)->Drain();
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvbroker
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return kvbroker::Main();
+}

@@ -1,0 +1,422 @@
+// kvbrokerctl end to end: a real kvbrokerd process (host backend) on a
+// temporary Unix socket, driven through the CLI binary as an operator would,
+// including `top` in a detached tmux session.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "proto/google/rpc/error_details.pb.h"
+#include "proto/google/rpc/status.pb.h"
+#include "proto/kvbroker/v1/kvbroker.pb.h"
+
+namespace kvbroker {
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string Absolute(const std::string& path) {
+  char* real = realpath(path.c_str(), nullptr);
+  std::string out = real == nullptr ? path : real;
+  free(real);
+  return out;
+}
+
+// Starts `args` with stdout and stderr redirected to files.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& out,
+            const std::string& err) {
+  std::vector<char*> argv;
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlive a crashed test
+    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int in = open("/dev/null", O_RDONLY);
+    dup2(o, 1);
+    dup2(e, 2);
+    dup2(in, 0);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int Wait(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Polls `done` every 50 ms until it holds or `timeout` passes.
+bool Eventually(const std::function<bool()>& done,
+                absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return done();
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // Short: Unix socket paths are limited to 107 bytes.
+    char dir[] = "/tmp/kvbctl-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    prefix_ = absl::StrCat(dir, "/");
+    socket_ = prefix_ + "kvbrokerd.sock";
+    unlink(socket_.c_str());
+    const std::string tmp = TmpDir();
+    daemon_ = Spawn({"server/kvbrokerd", "--backend=host",
+                     "--listen=", "--unix_socket=" + socket_,
+                     "--min_idle_pages=0", "--max_idle_pages=0"},
+                    tmp + "/kvbrokerd.out", tmp + "/kvbrokerd.log");
+  }
+  static void TearDownTestSuite() {
+    kill(daemon_, SIGTERM);
+    Wait(daemon_);
+    std::filesystem::remove_all(prefix_);
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(Eventually([] { return Ctl({"pools"}).rc == 0; }))
+        << "kvbrokerd did not come up: "
+        << ReadAll(TmpDir() + "/kvbrokerd.log");
+  }
+
+  static std::string TmpDir() {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    return dir != nullptr ? dir : "/tmp";
+  }
+
+  // Runs kvbrokerctl against the daemon.
+  static Result Ctl(std::vector<std::string> args) {
+    args.insert(args.begin(),
+                {"client/kvbrokerctl", "--server=unix:" + socket_});
+    return RunCommand(args);
+  }
+
+  static Result RunCommand(const std::vector<std::string>& args) {
+    static int n = 0;
+    const std::string base = absl::StrCat(TmpDir(), "/run", n++);
+    Result r;
+    r.rc = Wait(Spawn(args, base + ".out", base + ".err"));
+    r.out = ReadAll(base + ".out");
+    r.err = ReadAll(base + ".err");
+    return r;
+  }
+
+  template <typename Message>
+  static Message FromJson(const std::string& json) {
+    Message m;
+    auto status = google::protobuf::util::JsonStringToMessage(json, &m);
+    EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+    return m;
+  }
+
+  static std::string ReasonOf(const std::string& json_error) {
+    google::rpc::Status rpc = FromJson<google::rpc::Status>(json_error);
+    for (const auto& any : rpc.details()) {
+      google::rpc::ErrorInfo info;
+      if (any.UnpackTo(&info)) return info.reason();
+    }
+    return "";
+  }
+
+  static std::string prefix_;
+  static std::string socket_;
+  static pid_t daemon_;
+};
+
+std::string CliTest::prefix_;
+std::string CliTest::socket_;
+pid_t CliTest::daemon_ = -1;
+
+TEST_F(CliTest, SeedCase) {
+  Result r = Ctl({"create-pool", "seed", "--page_size=14MiB",
+                  "--block_bytes=6MiB", "--max_blocks=5"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "created pool seed")) << r.out;
+
+  r = Ctl({"capacity", "seed"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "available 3 (3 tokens)")) << r.out;
+
+  r = Ctl({"alloc", "seed", "4"});
+  EXPECT_EQ(r.rc, 4) << "capacity refusal";
+  EXPECT_EQ(r.out, "");
+  EXPECT_TRUE(absl::StrContains(r.err, "REQUEST_TOO_LARGE")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "requested_blocks: 4")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "pool_total_blocks: 3")) << r.err;
+
+  r = Ctl({"alloc", "seed", "3"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "blocks: 0 1 3\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "page 0: 0 1\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "page 1: 3\n")) << r.out;
+
+  r = Ctl({"--json", "capacity", "seed", "--pages"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  v1::CapacitySnapshot c = FromJson<v1::CapacitySnapshot>(r.out);
+  EXPECT_EQ(c.pool(), "seed");
+  EXPECT_EQ(c.available_blocks(), 0);
+  EXPECT_EQ(c.allocated_blocks(), 3);
+  EXPECT_EQ(c.pages().full_pages(), 2);
+  EXPECT_EQ(c.pages().empty_pages(), 1);
+  EXPECT_TRUE(c.healthy());
+
+  r = Ctl({"free", "seed", "0,1", "3"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "freed 3 blocks")) << r.out;
+}
+
+TEST_F(CliTest, JsonRepliesParseBackIntoTheMessages) {
+  ASSERT_EQ(Ctl({"create-pool", "j", "--page-size", "2MiB", "--block-bytes",
+                 "1MiB", "--max-blocks", "8"})
+                .rc,
+            0);
+  Result r = Ctl({"alloc", "j", "3", "--json", "--request_id=abc"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  v1::AllocResponse alloc = FromJson<v1::AllocResponse>(r.out);
+  EXPECT_EQ(alloc.num_blocks(), 3);
+  EXPECT_EQ(alloc.pages_size(), 2);
+  EXPECT_FALSE(alloc.replayed());
+  // The same request_id replays.
+  r = Ctl({"--json", "alloc", "j", "3", "--request_id=abc"});
+  EXPECT_TRUE(FromJson<v1::AllocResponse>(r.out).replayed());
+
+  r = Ctl({"--json", "pools"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  v1::ListPoolsResponse pools = FromJson<v1::ListPoolsResponse>(r.out);
+  bool found = false;
+  for (const auto& p : pools.pools()) {
+    if (p.spec().name() != "j") continue;
+    found = true;
+    EXPECT_EQ(p.spec().page_size(), 2 << 20);
+    EXPECT_EQ(p.capacity().allocated_blocks(), 3);
+  }
+  EXPECT_TRUE(found) << r.out;
+
+  r = Ctl({"--json", "reserve", "j", "2", "--ttl=1m"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  v1::ReserveResponse res = FromJson<v1::ReserveResponse>(r.out);
+  EXPECT_EQ(res.num_blocks(), 2);
+  r = Ctl({"--json", "release", "j", res.reservation_id()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(FromJson<v1::ReleaseReservationResponse>(r.out).released_blocks(),
+            2);
+
+  r = Ctl({"--json", "limit", "j", "4MiB"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  v1::SetMemoryLimitResponse limit =
+      FromJson<v1::SetMemoryLimitResponse>(r.out);
+  EXPECT_EQ(limit.outcome(), v1::APPLIED);
+  EXPECT_EQ(limit.limit().revision(), 0);
+  r = Ctl({"--json", "limit", "j", "8MiB"});  // next revision by default
+  EXPECT_EQ(FromJson<v1::SetMemoryLimitResponse>(r.out).limit().revision(), 1);
+
+  r = Ctl({"--json", "trim", "j"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  FromJson<v1::TrimResponse>(r.out);
+
+  // An error: the google.rpc.Status on stderr, nothing on stdout.
+  r = Ctl({"--json", "free", "j", "7"});
+  EXPECT_EQ(r.rc, 5);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(ReasonOf(r.err), "BLOCK_NOT_ALLOCATED") << r.err;
+
+  r = Ctl({"--json", "delete-pool", "j", "--force"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "{}\n");
+}
+
+TEST_F(CliTest, ExitCodesByFailureClass) {
+  ASSERT_EQ(Ctl({"create-pool", "e", "--page_size=14MiB", "--block_bytes=6MiB",
+                 "--max_blocks=5"})
+                .rc,
+            0);
+  // 2: usage.
+  EXPECT_EQ(Ctl({}).rc, 2);
+  EXPECT_EQ(Ctl({"frobnicate"}).rc, 2);
+  EXPECT_EQ(Ctl({"alloc", "e"}).rc, 2);
+  EXPECT_EQ(Ctl({"alloc", "e", "three"}).rc, 2);
+  EXPECT_EQ(Ctl({"alloc", "e", "1", "--force"}).rc, 2);
+  EXPECT_EQ(Ctl({"alloc", "e", "1", "--no_such_flag"}).rc, 2);
+  EXPECT_EQ(Ctl({"limit", "e", "14XB"}).rc, 2);
+  EXPECT_EQ(Ctl({"create-pool", "x", "--page_size=2MiB"}).rc, 2);
+  EXPECT_EQ(Ctl({"--help"}).rc, 0);
+  // 3: not found.
+  Result r = Ctl({"capacity", "nope"});
+  EXPECT_EQ(r.rc, 3);
+  EXPECT_TRUE(absl::StrContains(r.err, "POOL_NOT_FOUND")) << r.err;
+  EXPECT_EQ(Ctl({"release", "e", "no-such-reservation"}).rc, 3);
+  // 4: capacity refusals.
+  ASSERT_EQ(Ctl({"alloc", "e", "3"}).rc, 0);
+  ASSERT_EQ(Ctl({"free", "e", "3"}).rc, 0);
+  r = Ctl({"alloc", "e", "2"});
+  EXPECT_EQ(r.rc, 4);
+  EXPECT_TRUE(absl::StrContains(r.err, "POOL_EXHAUSTED")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "available_blocks: 1")) << r.err;
+  // 5: preconditions.
+  r = Ctl({"free", "e", "2"});
+  EXPECT_EQ(r.rc, 5);
+  EXPECT_TRUE(absl::StrContains(r.err, "BLOCK_NOT_ALLOCATED")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "block_id: 2")) << r.err;
+  EXPECT_EQ(Ctl({"delete-pool", "e"}).rc, 5);  // POOL_NOT_EMPTY
+  EXPECT_EQ(Ctl({"create-pool", "e", "--page_size=14MiB", "--block_bytes=6MiB",
+                 "--max_blocks=5"})
+                .rc,
+            5);  // POOL_ALREADY_EXISTS
+  // 6: unavailable.
+  r = RunCommand({"client/kvbrokerctl",
+                  "--server=unix:" + prefix_ + "none.sock", "--timeout=2s",
+                  "pools"});
+  EXPECT_EQ(r.rc, 6);
+  EXPECT_TRUE(absl::StrContains(r.err, "UNAVAILABLE")) << r.err;
+  // 7: invalid argument / geometry.
+  r = Ctl({"alloc", "e", "-1"});
+  EXPECT_EQ(r.rc, 7);
+  EXPECT_TRUE(absl::StrContains(r.err, "field num_blocks")) << r.err;
+  r = Ctl({"create-pool", "g4", "--page_size=2MiB", "--block_bytes=3MiB",
+           "--max_blocks=4"});
+  EXPECT_EQ(r.rc, 7);
+  EXPECT_TRUE(absl::StrContains(r.err, "INVALID_GEOMETRY")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "min_page_size_bytes: 4194304"))
+      << r.err;
+}
+
+TEST_F(CliTest, CapacityPagesAndWatch) {
+  ASSERT_EQ(Ctl({"create-pool", "w", "--page_size=14MiB", "--block_bytes=6MiB",
+                 "--max_blocks=7"})
+                .rc,
+            0);
+  Result r = Ctl({"capacity", "w", "--pages"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  // C6: pages 0, 1, 2 hold 2, 1, 2 blocks.
+  EXPECT_TRUE(absl::StrContains(r.out, "available 5")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "PAGE  STATE")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "FREE")) << r.out;
+  r = Ctl({"--json", "capacity", "w", "--pages=2"});
+  v1::CapacitySnapshot c = FromJson<v1::CapacitySnapshot>(r.out);
+  ASSERT_EQ(c.page_list_size(), 2);
+  EXPECT_EQ(c.page_list(0).page_id(), 0);
+  EXPECT_EQ(c.page_list(0).usable_blocks(), 2);
+  EXPECT_EQ(c.page_list(1).usable_blocks(), 1);
+  EXPECT_EQ(c.page_list(0).state(), v1::PAGE_STATE_FREE);
+
+  // watch: one JSON snapshot per line; the second shows the allocation.
+  const std::string out = TmpDir() + "/watch.out";
+  const pid_t watch = Spawn({"client/kvbrokerctl", "--server=unix:" + socket_,
+                             "--json", "watch", "w", "--count=2"},
+                            out, TmpDir() + "/watch.err");
+  ASSERT_TRUE(Eventually([&] { return !ReadAll(out).empty(); }));
+  ASSERT_EQ(Ctl({"alloc", "w", "2"}).rc, 0);
+  EXPECT_EQ(Wait(watch), 0);
+  std::vector<std::string> lines =
+      absl::StrSplit(ReadAll(out), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(FromJson<v1::CapacitySnapshot>(lines[0]).available_blocks(), 5);
+  EXPECT_EQ(FromJson<v1::CapacitySnapshot>(lines[1]).available_blocks(), 3);
+}
+
+TEST_F(CliTest, TopInTmux) {
+  const std::string tmux = "/usr/bin/tmux";
+  ASSERT_EQ(access(tmux.c_str(), X_OK), 0) << "tmux is missing: run tools/deps";
+  ASSERT_EQ(Ctl({"create-pool", "topdemo", "--page_size=14MiB",
+                 "--block_bytes=6MiB", "--max_blocks=5"})
+                .rc,
+            0);
+  ASSERT_EQ(Ctl({"alloc", "topdemo", "1"}).rc, 0);
+
+  const std::string server = prefix_ + "tmux.sock";
+  const std::string rc_file = TmpDir() + "/top.rc";
+  unlink(rc_file.c_str());
+  auto run_tmux = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {tmux, "-S", server, "-f", "/dev/null"});
+    return RunCommand(args);
+  };
+  const std::string command =
+      absl::StrCat(Absolute("client/kvbrokerctl"), " --server=unix:", socket_,
+                   " top --interval=200ms; echo $? > ", rc_file);
+  absl::Cleanup kill_server = [&] { run_tmux({"kill-server"}); };
+  Result r = run_tmux(
+      {"new-session", "-d", "-s", "top", "-x", "120", "-y", "40", command});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto screen = [&] {
+    return run_tmux({"capture-pane", "-p", "-t", "top"}).out;
+  };
+
+  // The pool, its numbers and its page bar.
+  EXPECT_TRUE(Eventually([&] {
+    const std::string s = screen();
+    return absl::StrContains(s, "topdemo") &&
+           absl::StrContains(s, "available 2  allocated 1");
+  })) << screen();
+  EXPECT_TRUE(absl::StrContains(screen(), "page 14MiB  block 6MiB"));
+  EXPECT_TRUE(absl::StrContains(screen(), "open 1")) << screen();
+
+  // Live: an allocation shows through WatchCapacity...
+  ASSERT_EQ(Ctl({"alloc", "topdemo", "2"}).rc, 0);
+  EXPECT_TRUE(Eventually([&] {
+    return absl::StrContains(screen(), "available 0  allocated 3");
+  })) << screen();
+  // ...and a new pool through the periodic ListPools.
+  ASSERT_EQ(Ctl({"create-pool", "toplate", "--page_size=2MiB",
+                 "--block_bytes=1MiB", "--max_blocks=4"})
+                .rc,
+            0);
+  EXPECT_TRUE(Eventually([&] {
+    const std::string s = screen();
+    return absl::StrContains(s, "toplate") &&
+           absl::StrContains(s, "available 4  allocated 0");
+  })) << screen();
+  // A deleted pool disappears.
+  ASSERT_EQ(Ctl({"delete-pool", "toplate"}).rc, 0);
+  EXPECT_TRUE(Eventually([&] {
+    return !absl::StrContains(screen(), "toplate");
+  })) << screen();
+
+  r = run_tmux({"send-keys", "-t", "top", "q"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(Eventually([&] { return !ReadAll(rc_file).empty(); }))
+      << "top did not exit on q: " << screen();
+  EXPECT_EQ(ReadAll(rc_file), "0\n");
+}
+
+}  // namespace
+}  // namespace kvbroker

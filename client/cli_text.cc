@@ -1,0 +1,101 @@
+#include "client/cli_text.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "client/kvbroker_client.h"
+#include "client/units.h"
+
+namespace kvbroker {
+namespace cli {
+
+ExitCode ExitCodeFor(const absl::Status& status) {
+  if (status.ok()) return kExitOk;
+  const v1::Reason reason = GetKvbReason(status);
+  if (IsCapacityRefusal(reason)) return kExitCapacity;
+  switch (reason) {
+    case v1::POOL_NOT_FOUND:
+    case v1::RESERVATION_NOT_FOUND:
+      return kExitNotFound;
+    case v1::POOL_ALREADY_EXISTS:
+    case v1::POOL_NOT_EMPTY:
+    case v1::BLOCK_NOT_ALLOCATED:
+    case v1::BLOCK_IN_RESERVATION:
+    case v1::RESERVATION_EXPIRED:
+    case v1::RESERVATION_TOO_SMALL:
+    case v1::GENERATION_MISMATCH:
+    case v1::REQUEST_ID_REUSED:
+    case v1::POOL_FAILED:
+      return kExitPrecondition;
+    case v1::MAPPING_FAILED:
+      return kExitUnavailable;
+    case v1::INVALID_ARGUMENT:
+    case v1::INVALID_GEOMETRY:
+      return kExitInvalid;
+    case v1::UNAUTHENTICATED:
+    case v1::PERMISSION_DENIED:
+      return kExitAuth;
+    default:
+      break;
+  }
+  // No kvbroker reason: the gRPC library's own errors, by code.
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+      return kExitNotFound;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAborted:
+      return kExitPrecondition;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return kExitUnavailable;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return kExitInvalid;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return kExitAuth;
+    default:
+      return kExitOther;
+  }
+}
+
+std::string StateName(v1::PageState state) {
+  return std::string(
+      absl::StripPrefix(v1::PageState_Name(state), "PAGE_STATE_"));
+}
+
+std::string LimitText(const v1::MemoryLimit& limit) {
+  switch (limit.state()) {
+    case v1::LIMIT_STATE_APPLIED:
+      return absl::StrCat("applied ", FormatBytes(limit.effective_bytes()),
+                          " (", limit.target_pages(), " pages, rev ",
+                          limit.revision(), ")");
+    case v1::LIMIT_STATE_DEFERRED:
+      return absl::StrCat("DEFERRED to ", FormatBytes(limit.effective_bytes()),
+                          " (", limit.target_pages(), " pages, rev ",
+                          limit.revision(), "), over by ",
+                          FormatBytes(limit.overage_bytes()));
+    default:
+      return "none";
+  }
+}
+
+std::string PageCountsText(const v1::PageCounts& p) {
+  return absl::StrCat("full ", p.full_pages(), "  open ", p.open_pages(),
+                      "  idle ", p.idle_pages(), "  mapping ",
+                      p.mapping_pages(), "  free ", p.free_pages(),
+                      "  reclaimed ", p.reclaimed_pages(), "  empty ",
+                      p.empty_pages());
+}
+
+std::string HealthText(const v1::CapacitySnapshot& c) {
+  return c.healthy() ? "healthy" : absl::StrCat("FAILED: ", c.failure());
+}
+
+std::string DevicesText(const v1::PoolSpec& spec) {
+  return spec.devices().empty() ? "0" : absl::StrJoin(spec.devices(), ",");
+}
+
+}  // namespace cli
+}  // namespace kvbroker

@@ -1,0 +1,49 @@
+// Text helpers shared by kvbrokerctl's commands and its `top` view: the
+// exit code of a failure class, and short human forms of capacity fields.
+//
+// Thread safety: pure functions.
+
+#ifndef KVBROKER_CLIENT_CLI_TEXT_H_
+#define KVBROKER_CLIENT_CLI_TEXT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/kvbroker/v1/kvbroker.pb.h"
+
+namespace kvbroker {
+namespace cli {
+
+// kvbrokerctl's exit codes, one per failure class (client/README.md has the
+// table).
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitOther = 1,
+  kExitUsage = 2,
+  kExitNotFound = 3,
+  kExitCapacity = 4,
+  kExitPrecondition = 5,
+  kExitUnavailable = 6,
+  kExitInvalid = 7,
+  kExitAuth = 8,
+};
+
+// The exit code of a finished call: by its kvbroker reason, else (the gRPC
+// library's own errors) by its code.
+ExitCode ExitCodeFor(const absl::Status& status);
+
+// "FREE", "OPEN", ... (the PageState name without its prefix).
+std::string StateName(v1::PageState state);
+// "none", "applied 28MiB (2 pages, rev 1)", "DEFERRED to ... over by ...".
+std::string LimitText(const v1::MemoryLimit& limit);
+// "full 0  open 1  idle 0  mapping 0  free 1  reclaimed 0  empty 1".
+std::string PageCountsText(const v1::PageCounts& pages);
+// "healthy" or "FAILED: <why>".
+std::string HealthText(const v1::CapacitySnapshot& capacity);
+// "0,1" (an empty device list means device 0).
+std::string DevicesText(const v1::PoolSpec& spec);
+
+}  // namespace cli
+}  // namespace kvbroker
+
+#endif  // KVBROKER_CLIENT_CLI_TEXT_H_

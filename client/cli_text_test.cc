@@ -1,0 +1,109 @@
+#include "client/cli_text.h"
+
+#include <string>
+
+#include "client/kvbroker_client.h"
+#include "gtest/gtest.h"
+#include "proto/google/rpc/error_details.pb.h"
+#include "proto/google/rpc/status.pb.h"
+
+namespace kvbroker {
+namespace cli {
+namespace {
+
+// A status as the client library returns it for a kvbroker refusal.
+absl::Status Refusal(v1::Reason reason, grpc::StatusCode code) {
+  google::rpc::Status rpc;
+  rpc.set_code(code);
+  google::rpc::ErrorInfo info;
+  info.set_domain("kvbroker");
+  info.set_reason(v1::Reason_Name(reason));
+  rpc.add_details()->PackFrom(info);
+  return KvbStatusFromGrpc(grpc::Status(code, "x", rpc.SerializeAsString()));
+}
+
+TEST(ExitCodeTest, EveryReasonHasItsClass) {
+  struct Row {
+    v1::Reason reason;
+    grpc::StatusCode code;
+    ExitCode exit;
+  };
+  using C = grpc::StatusCode;
+  const Row rows[] = {
+      {v1::POOL_EXHAUSTED, C::RESOURCE_EXHAUSTED, kExitCapacity},
+      {v1::GPU_MEMORY_EXHAUSTED, C::RESOURCE_EXHAUSTED, kExitCapacity},
+      {v1::SHRINK_PENDING, C::RESOURCE_EXHAUSTED, kExitCapacity},
+      {v1::REQUEST_TOO_LARGE, C::OUT_OF_RANGE, kExitCapacity},
+      {v1::INVALID_GEOMETRY, C::INVALID_ARGUMENT, kExitInvalid},
+      {v1::INVALID_ARGUMENT, C::INVALID_ARGUMENT, kExitInvalid},
+      {v1::POOL_NOT_FOUND, C::NOT_FOUND, kExitNotFound},
+      {v1::POOL_ALREADY_EXISTS, C::ALREADY_EXISTS, kExitPrecondition},
+      {v1::POOL_NOT_EMPTY, C::FAILED_PRECONDITION, kExitPrecondition},
+      {v1::BLOCK_NOT_ALLOCATED, C::FAILED_PRECONDITION, kExitPrecondition},
+      {v1::BLOCK_IN_RESERVATION, C::FAILED_PRECONDITION, kExitPrecondition},
+      {v1::RESERVATION_NOT_FOUND, C::NOT_FOUND, kExitNotFound},
+      {v1::RESERVATION_EXPIRED, C::FAILED_PRECONDITION, kExitPrecondition},
+      {v1::RESERVATION_TOO_SMALL, C::FAILED_PRECONDITION, kExitPrecondition},
+      {v1::GENERATION_MISMATCH, C::ABORTED, kExitPrecondition},
+      {v1::REQUEST_ID_REUSED, C::FAILED_PRECONDITION, kExitPrecondition},
+      {v1::MAPPING_FAILED, C::UNAVAILABLE, kExitUnavailable},
+      {v1::POOL_FAILED, C::FAILED_PRECONDITION, kExitPrecondition},
+      {v1::UNAUTHENTICATED, C::UNAUTHENTICATED, kExitAuth},
+      {v1::PERMISSION_DENIED, C::PERMISSION_DENIED, kExitAuth},
+  };
+  // Every reason of the proto is in the table.
+  EXPECT_EQ(std::size(rows), static_cast<size_t>(v1::Reason_MAX));
+  for (const Row& row : rows) {
+    EXPECT_EQ(ExitCodeFor(Refusal(row.reason, row.code)), row.exit)
+        << v1::Reason_Name(row.reason);
+  }
+}
+
+TEST(ExitCodeTest, ReasonBeatsCode) {
+  // The reason decides even when the gRPC library's code would say else.
+  EXPECT_EQ(ExitCodeFor(Refusal(v1::POOL_EXHAUSTED, grpc::StatusCode::UNKNOWN)),
+            kExitCapacity);
+}
+
+TEST(ExitCodeTest, ErrorsWithoutAReasonGoByCode) {
+  EXPECT_EQ(ExitCodeFor(absl::OkStatus()), kExitOk);
+  EXPECT_EQ(ExitCodeFor(absl::UnavailableError("down")), kExitUnavailable);
+  EXPECT_EQ(ExitCodeFor(absl::DeadlineExceededError("slow")), kExitUnavailable);
+  EXPECT_EQ(ExitCodeFor(absl::NotFoundError("?")), kExitNotFound);
+  EXPECT_EQ(ExitCodeFor(absl::InvalidArgumentError("?")), kExitInvalid);
+  EXPECT_EQ(ExitCodeFor(absl::UnauthenticatedError("?")), kExitAuth);
+  EXPECT_EQ(ExitCodeFor(absl::InternalError("bug")), kExitOther);
+  EXPECT_EQ(ExitCodeFor(absl::ResourceExhaustedError("msg too big")),
+            kExitOther);
+}
+
+TEST(TextTest, Forms) {
+  EXPECT_EQ(StateName(v1::PAGE_STATE_RECLAIMED), "RECLAIMED");
+  v1::MemoryLimit limit;
+  EXPECT_EQ(LimitText(limit), "none");
+  limit.set_state(v1::LIMIT_STATE_DEFERRED);
+  limit.set_effective_bytes(28 << 20);
+  limit.set_target_pages(2);
+  limit.set_revision(4);
+  limit.set_overage_bytes(14 << 20);
+  EXPECT_EQ(LimitText(limit),
+            "DEFERRED to 28MiB (2 pages, rev 4), over by 14MiB");
+  v1::PageCounts pages;
+  pages.set_free_pages(2);
+  pages.set_empty_pages(1);
+  EXPECT_EQ(PageCountsText(pages),
+            "full 0  open 0  idle 0  mapping 0  free 2  reclaimed 0  empty 1");
+  v1::PoolSpec spec;
+  EXPECT_EQ(DevicesText(spec), "0");
+  spec.add_devices(0);
+  spec.add_devices(3);
+  EXPECT_EQ(DevicesText(spec), "0,3");
+  v1::CapacitySnapshot c;
+  c.set_healthy(false);
+  c.set_failure("unmap failed");
+  EXPECT_EQ(HealthText(c), "FAILED: unmap failed");
+}
+
+}  // namespace
+}  // namespace cli
+}  // namespace kvbroker

@@ -1,0 +1,365 @@
+// KvBrokerClient: the C++ client of kvbrokerd (SPEC sections 5 and 6).
+//
+// It hides the generated stub and returns absl::Status / absl::StatusOr.
+// Replies are the kvbroker.v1 messages themselves (they are plain data and
+// print as JSON with protobuf's util); BlockIds() flattens an Alloc or
+// Reserve reply.
+//
+//   ClientOptions options;
+//   options.target = "unix:/tmp/kvbroker.sock";   // or "10.0.0.7:50051"
+//   auto client = KvBrokerClient::Connect(options);
+//   if (!client.ok()) return client.status();
+//   absl::StatusOr<v1::CapacitySnapshot> cap = (*client)->Capacity("demo");
+//   absl::StatusOr<v1::AllocResponse> blocks = (*client)->Alloc("demo", 3);
+//   if (!blocks.ok()) {
+//     KvbError e = GetKvbError(blocks.status()).value();
+//     if (e.reason == v1::POOL_EXHAUSTED) { ... wait for frees ... }
+//   }
+//
+// Errors. Every failed call returns a status whose code is the gRPC code
+// (absl and gRPC codes are equal number for number) and whose payload
+// (kKvbErrorPayloadUrl) is the google.rpc.Status of the grpc-status-details-bin
+// trailer. GetKvbError() turns it into a KvbError: the SPEC 6 reason (the
+// proto's kvbroker.v1.Reason, from the ErrorInfo of domain "kvbroker"), the
+// metadata map, BadRequest field violations and RetryInfo. Errors that the
+// gRPC library produced itself (connection refused, deadline exceeded, ...)
+// have no payload: their KvbError has reason REASON_UNSPECIFIED. Key on the
+// reason, never on the code alone.
+//
+// Deadlines. Every unary call runs under one deadline that covers all its
+// attempts: CallOptions::deadline, else now + ClientOptions::timeout.
+// WatchCapacity has no deadline unless CallOptions gives one.
+//
+// Retries. Only idempotent calls are retried, and only on UNAVAILABLE that
+// is either the transport's own (no kvbroker reason) or MAPPING_FAILED (a
+// driver error that was rolled back). Capacity refusals (POOL_EXHAUSTED,
+// GPU_MEMORY_EXHAUSTED, ...) and every other kvbroker reason are returned at
+// once. Idempotent calls: GetPool, ListPools, Capacity, GetPageOccupancy
+// (read-only); SetMemoryLimit (its revision makes a replay harmless); Alloc,
+// Reserve and Free, because they always carry a request_id: the caller's, or
+// a random 128-bit hex id generated once per call and sent unchanged on every
+// attempt, so the daemon replays the first outcome instead of allocating
+// twice. CreatePool, DeletePool, ReleaseReservation and Trim are sent once.
+// Attempts are bounded by RetryPolicy::max_attempts and by the deadline; the
+// wait between attempts grows exponentially with random jitter, and is at
+// least the server's RetryInfo delay when it sent one.
+//
+// Authentication. With TlsOptions set the channel uses
+// grpc::SslCredentials (root CA; client certificate and key for mTLS);
+// otherwise it is insecure (a Unix socket, or TCP on a trusted network).
+// With a bearer token, every call carries "authorization: Bearer <token>".
+//
+// Thread safety: a KvBrokerClient is thread-safe; calls may run concurrently
+// from any number of threads. A CapacityWatch is used by one thread, except
+// Cancel(), which any thread may call.
+
+#ifndef KVBROKER_CLIENT_KVBROKER_CLIENT_H_
+#define KVBROKER_CLIENT_KVBROKER_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/status.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/google/rpc/error_details.pb.h"
+#include "proto/google/rpc/status.pb.h"
+#include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
+#include "proto/kvbroker/v1/kvbroker.pb.h"
+
+namespace kvbroker {
+
+// ---------------------------------------------------------------------------
+// Typed errors.
+
+// ErrorInfo.domain of every kvbroker failure.
+inline constexpr absl::string_view kKvbErrorDomain = "kvbroker";
+
+// The absl::Status payload under which a failed call keeps the serialized
+// google.rpc.Status of its trailer.
+inline constexpr absl::string_view kKvbErrorPayloadUrl =
+    "type.googleapis.com/google.rpc.Status";
+
+struct KvbError {
+  // The SPEC 6 reason; REASON_UNSPECIFIED when the status carries no
+  // kvbroker ErrorInfo (the gRPC library's own errors) or a reason this
+  // client does not know (then `reason_name` still has it).
+  v1::Reason reason = v1::REASON_UNSPECIFIED;
+  std::string reason_name;
+  // The gRPC status code.
+  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
+  std::string message;
+  // ErrorInfo.metadata: string values, keys carry units
+  // ("requested_blocks", "available_blocks", ...).
+  std::map<std::string, std::string> metadata;
+  // BadRequest.field_violations, for INVALID_ARGUMENT / INVALID_GEOMETRY.
+  std::vector<google::rpc::BadRequest::FieldViolation> field_violations;
+  // RetryInfo.retry_delay, when the server suggested one.
+  std::optional<absl::Duration> retry_delay;
+  // Everything the server sent (all details), for the rarer detail types.
+  google::rpc::Status details;
+
+  // "POOL_EXHAUSTED (RESOURCE_EXHAUSTED): <message> {available_blocks=1,
+  // requested_blocks=2}"; without a reason "UNAVAILABLE: <message>".
+  std::string ToString() const;
+};
+
+// The error carried by `status`; nullopt for OK. A non-OK status without a
+// kvbroker payload gives reason REASON_UNSPECIFIED with its code and message.
+std::optional<KvbError> GetKvbError(const absl::Status& status);
+
+// Shorthand: the reason of `status`; REASON_UNSPECIFIED for OK or untyped.
+v1::Reason GetKvbReason(const absl::Status& status);
+
+// True for the refusals that mean "not enough capacity now or ever":
+// POOL_EXHAUSTED, GPU_MEMORY_EXHAUSTED, SHRINK_PENDING, REQUEST_TOO_LARGE.
+bool IsCapacityRefusal(v1::Reason reason);
+
+// Wire -> client: the absl::Status for a finished call, carrying the rich
+// details as the kKvbErrorPayloadUrl payload. OK stays OK.
+absl::Status KvbStatusFromGrpc(const grpc::Status& status);
+
+// ---------------------------------------------------------------------------
+// Options.
+
+struct TlsOptions {
+  // PEM. Empty root_ca_pem: the system's default roots.
+  std::string root_ca_pem;
+  // PEM, for mutual TLS; both or neither.
+  std::string cert_chain_pem;
+  std::string private_key_pem;
+  // Overrides the name checked against the server certificate (tests).
+  std::string target_name_override;
+
+  // Reads the PEM files; an empty path leaves its field empty.
+  // Errors: NOT_FOUND / PERMISSION_DENIED / ... from reading a file.
+  static absl::StatusOr<TlsOptions> FromFiles(const std::string& root_ca_path,
+                                              const std::string& cert_path,
+                                              const std::string& key_path);
+};
+
+struct RetryPolicy {
+  // Attempts per call including the first; 1 disables retries.
+  int max_attempts = 5;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  double backoff_multiplier = 2.0;
+  // Each wait is drawn uniformly from [w * (1 - jitter), w * (1 + jitter)].
+  double jitter = 0.2;
+};
+
+struct ClientOptions {
+  // "host:port", "unix:/path/to.sock" (anything gRPC accepts as a target).
+  std::string target = "127.0.0.1:50051";
+  // Set: TLS. Unset: insecure.
+  std::optional<TlsOptions> tls;
+  // Non-empty: "authorization: Bearer <token>" on every call.
+  std::string bearer_token;
+  // The deadline of a unary call (all attempts) when CallOptions gives none.
+  absl::Duration timeout = absl::Seconds(10);
+  RetryPolicy retry;
+};
+
+// Per call.
+struct CallOptions {
+  // When the call, all attempts included, must finish. Unset: now +
+  // ClientOptions::timeout (unary calls) or none (WatchCapacity).
+  std::optional<absl::Time> deadline;
+
+  static CallOptions WithTimeout(absl::Duration timeout) {
+    CallOptions o;
+    o.deadline = absl::Now() + timeout;
+    return o;
+  }
+};
+
+struct AllocOptions {
+  // Idempotency key. Empty: a random one, reused across retries.
+  std::string request_id;
+  // Take blocks from this reservation first. Empty: none.
+  std::string reservation_id;
+  // Refuse with GENERATION_MISMATCH unless the pool is at this generation.
+  std::optional<uint64_t> expected_generation;
+};
+
+struct ReserveOptions {
+  // Idempotency key. Empty: a random one, reused across retries.
+  std::string request_id;
+  // Lifetime of the reservation. Zero: the server's default (30 s).
+  absl::Duration ttl = absl::ZeroDuration();
+};
+
+struct FreeOptions {
+  // Idempotency key. Empty: a random one, reused across retries.
+  std::string request_id;
+};
+
+// Every block id of an Alloc or Reserve reply, in reply order (ascending
+// page, then ascending id).
+std::vector<int64_t> BlockIds(const v1::AllocResponse& response);
+std::vector<int64_t> BlockIds(const v1::ReserveResponse& response);
+
+// A random 128-bit id as 32 lowercase hex digits.
+std::string NewRequestId();
+
+// ---------------------------------------------------------------------------
+// Watching capacity.
+
+// Iterator-style reader of one WatchCapacity stream:
+//   auto watch = client->WatchCapacity("demo");
+//   v1::CapacitySnapshot snap;
+//   while (watch->Next(&snap)) { ... }
+//   absl::Status end = watch->Finish();  // POOL_NOT_FOUND when deleted
+class CapacityWatch {
+ public:
+  ~CapacityWatch();
+  CapacityWatch(const CapacityWatch&) = delete;
+  CapacityWatch& operator=(const CapacityWatch&) = delete;
+
+  // Blocks until the next snapshot. False once the stream has ended (then
+  // call Finish).
+  bool Next(v1::CapacitySnapshot* snapshot);
+  // How the stream ended: OK when the server is shutting down, the pool's
+  // POOL_NOT_FOUND when it was deleted, CANCELLED after Cancel(), or a
+  // transport error. REQUIRES: Next returned false.
+  absl::Status Finish();
+  // Ends the stream; a blocked Next returns false. Any thread, any time.
+  void Cancel();
+
+ private:
+  friend class KvBrokerClient;
+  CapacityWatch() = default;
+
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<v1::WatchCapacityResponse>> reader_;
+  bool finished_ = false;
+  absl::Status final_status_;
+};
+
+// ---------------------------------------------------------------------------
+// The client.
+
+class KvBrokerClient {
+ public:
+  // Creates the channel (lazily connected: an unreachable server shows up
+  // as UNAVAILABLE on the first call). Errors: INVALID_ARGUMENT for an empty
+  // target or a TLS certificate without its key.
+  static absl::StatusOr<std::unique_ptr<KvBrokerClient>> Connect(
+      ClientOptions options);
+
+  // Over an existing channel (tests: Server::InProcessChannel).
+  // `options.target` and `options.tls` are ignored.
+  static std::unique_ptr<KvBrokerClient> FromChannel(
+      std::shared_ptr<grpc::Channel> channel, ClientOptions options = {});
+
+  KvBrokerClient(const KvBrokerClient&) = delete;
+  KvBrokerClient& operator=(const KvBrokerClient&) = delete;
+
+  const ClientOptions& options() const { return options_; }
+
+  // Pool lifecycle. Reasons: CreatePool INVALID_ARGUMENT, INVALID_GEOMETRY,
+  // POOL_ALREADY_EXISTS, GPU_MEMORY_EXHAUSTED, MAPPING_FAILED; GetPool,
+  // DeletePool POOL_NOT_FOUND; DeletePool POOL_NOT_EMPTY unless `force`.
+  absl::StatusOr<v1::PoolInfo> CreatePool(const v1::PoolSpec& spec,
+                                          const CallOptions& call = {});
+  absl::StatusOr<v1::PoolInfo> GetPool(absl::string_view pool,
+                                       const CallOptions& call = {});
+  // Ordered by name.
+  absl::StatusOr<std::vector<v1::PoolInfo>> ListPools(
+      const CallOptions& call = {});
+  absl::Status DeletePool(absl::string_view pool, bool force = false,
+                          const CallOptions& call = {});
+
+  // Exact capacity (SPEC 4); with max_pages > 0 also the per-page list (at
+  // most that many entries). Reasons: POOL_NOT_FOUND.
+  absl::StatusOr<v1::CapacitySnapshot> Capacity(absl::string_view pool,
+                                                int64_t max_pages = 0,
+                                                const CallOptions& call = {});
+
+  // All or nothing. Reasons: see kvbroker.proto (capacity refusals,
+  // RESERVATION_*, GENERATION_MISMATCH, REQUEST_ID_REUSED, MAPPING_FAILED,
+  // POOL_FAILED, ...).
+  absl::StatusOr<v1::AllocResponse> Alloc(absl::string_view pool,
+                                          int64_t num_blocks,
+                                          const AllocOptions& options = {},
+                                          const CallOptions& call = {});
+  // All or nothing. Reasons: INVALID_ARGUMENT, POOL_NOT_FOUND,
+  // BLOCK_NOT_ALLOCATED, BLOCK_IN_RESERVATION, REQUEST_ID_REUSED.
+  absl::StatusOr<v1::FreeResponse> Free(absl::string_view pool,
+                                        absl::Span<const int64_t> block_ids,
+                                        const FreeOptions& options = {},
+                                        const CallOptions& call = {});
+  // All or nothing; the same refusals as Alloc.
+  absl::StatusOr<v1::ReserveResponse> Reserve(
+      absl::string_view pool, int64_t num_blocks,
+      const ReserveOptions& options = {}, const CallOptions& call = {});
+  // Reasons: POOL_NOT_FOUND, RESERVATION_NOT_FOUND, RESERVATION_EXPIRED.
+  absl::StatusOr<v1::ReleaseReservationResponse> ReleaseReservation(
+      absl::string_view pool, absl::string_view reservation_id,
+      const CallOptions& call = {});
+
+  // SPEC 7. STALE and CONFLICT are outcomes in the reply, not errors.
+  // Reasons: INVALID_ARGUMENT, POOL_NOT_FOUND, POOL_FAILED.
+  absl::StatusOr<v1::SetMemoryLimitResponse> SetMemoryLimit(
+      absl::string_view pool, int64_t limit_bytes, int64_t revision,
+      const CallOptions& call = {});
+  // Unmaps at most `max_pages` IDLE pages (<= 0: all). Reasons:
+  // POOL_NOT_FOUND, POOL_FAILED.
+  absl::StatusOr<v1::TrimResponse> Trim(absl::string_view pool,
+                                        int64_t max_pages = 0,
+                                        const CallOptions& call = {});
+  // In the order of `page_ids`. Reasons: INVALID_ARGUMENT, POOL_NOT_FOUND.
+  absl::StatusOr<std::vector<v1::PageOccupancy>> GetPageOccupancy(
+      absl::string_view pool, absl::Span<const int64_t> page_ids,
+      const CallOptions& call = {});
+
+  // Opens a WatchCapacity stream (never retried; reopen it to resume).
+  std::unique_ptr<CapacityWatch> WatchCapacity(absl::string_view pool,
+                                               int64_t max_pages = 0,
+                                               const CallOptions& call = {});
+  // Callback style: calls `on_snapshot` for each snapshot until it returns
+  // false (then cancels the stream and returns OK) or the stream ends
+  // (returns CapacityWatch::Finish()).
+  absl::Status WatchCapacity(
+      absl::string_view pool, int64_t max_pages,
+      const std::function<bool(const v1::CapacitySnapshot&)>& on_snapshot,
+      const CallOptions& call = {});
+
+ private:
+  KvBrokerClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  // Whether a failed attempt may be sent again.
+  enum class Idempotency { kNone, kRetryable };
+
+  // Sets the deadline and credentials metadata of one attempt.
+  void Prepare(grpc::ClientContext* context, absl::Time deadline) const;
+  absl::Time DeadlineOf(const CallOptions& call) const;
+
+  // Runs `attempt` (one RPC over a fresh ClientContext) until it succeeds,
+  // fails for good, runs out of attempts or the deadline passes.
+  template <typename Response>
+  absl::StatusOr<Response> Call(
+      const CallOptions& call, Idempotency idempotency,
+      const std::function<grpc::Status(grpc::ClientContext*, Response*)>&
+          attempt);
+
+  const ClientOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::KvBroker::Stub> stub_;
+};
+
+}  // namespace kvbroker
+
+#endif  // KVBROKER_CLIENT_KVBROKER_CLIENT_H_

@@ -1,0 +1,388 @@
+#include "client/top.h"
+
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "client/cli_text.h"
+#include "client/units.h"
+
+namespace kvbroker {
+namespace cli {
+namespace {
+
+// Puts the terminal in raw mode on the alternate screen, cursor hidden, and
+// restores it on destruction.
+class Terminal {
+ public:
+  Terminal() {
+    if (isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved_) == 0) {
+      termios raw = saved_;
+      raw.c_iflag &= ~(ICRNL | IXON);
+      raw.c_lflag &= ~(ICANON | ECHO | ISIG | IEXTEN);
+      raw.c_cc[VMIN] = 0;
+      raw.c_cc[VTIME] = 0;
+      raw_ = tcsetattr(STDIN_FILENO, TCSAFLUSH, &raw) == 0;
+    }
+    Write("\x1b[?1049h\x1b[?25l");
+  }
+  ~Terminal() {
+    Write("\x1b[0m\x1b[?25h\x1b[?1049l");
+    if (raw_) tcsetattr(STDIN_FILENO, TCSAFLUSH, &saved_);
+  }
+
+  static void Write(const std::string& s) {
+    size_t done = 0;
+    while (done < s.size()) {
+      ssize_t n = write(STDOUT_FILENO, s.data() + done, s.size() - done);
+      if (n <= 0) return;
+      done += static_cast<size_t>(n);
+    }
+  }
+
+  static std::pair<int, int> Size() {
+    winsize ws{};
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) {
+      return {ws.ws_row, ws.ws_col};
+    }
+    return {24, 80};
+  }
+
+ private:
+  termios saved_{};
+  bool raw_ = false;
+};
+
+// What top shows, fed by one WatchCapacity stream per pool and a periodic
+// ListPools.
+class TopModel {
+ public:
+  TopModel(KvBrokerClient* client, absl::Duration interval)
+      : client_(client), interval_(interval) {}
+
+  void Start() {
+    poller_ = std::thread([this] { PollLoop(); });
+  }
+
+  // Cancels every stream and joins every thread.
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      for (auto& [name, watch] : watches_) watch->Cancel();
+    }
+    stop_.Notify();
+    poller_.join();
+    std::vector<std::thread> threads;
+    {
+      absl::MutexLock lock(&mu_);
+      threads.swap(threads_);
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+  // Renders the screen (rows x cols), skipping the first `scroll` pools.
+  std::string Render(int rows, int cols, int* scroll) {
+    absl::MutexLock lock(&mu_);
+    dirty_ = false;
+    std::vector<std::string> lines;
+    lines.push_back(absl::StrCat(
+        "\x1b[1mkvbroker top\x1b[0m  ", client_->options().target, "  ",
+        pools_.size(), " pools  ",
+        absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()),
+        "    q quit  j/k scroll"));
+    lines.push_back(
+        server_error_.empty()
+            ? "pages: # full  + open  = idle  ~ mapping  . free  "
+              "x reclaimed"
+            : absl::StrCat("\x1b[31mserver: ", server_error_, "\x1b[0m"));
+    lines.push_back("");
+    const int per_pool = 5;
+    const int max_scroll =
+        std::max<int>(0, static_cast<int>(pools_.size()) - 1);
+    *scroll = std::clamp(*scroll, 0, max_scroll);
+    int index = 0;
+    for (const auto& [name, view] : pools_) {
+      if (index++ < *scroll) continue;
+      if (static_cast<int>(lines.size()) + per_pool > rows) break;
+      RenderPool(name, view, cols, &lines);
+    }
+    if (pools_.empty()) lines.push_back("(no pools)");
+    if (static_cast<int>(lines.size()) > rows) lines.resize(rows);
+    // No newline after the last line, so that a full screen never scrolls.
+    std::string screen = "\x1b[H";
+    for (size_t i = 0; i < lines.size(); ++i) {
+      absl::StrAppend(&screen, i == 0 ? "" : "\r\n", Clip(lines[i], cols),
+                      "\x1b[K");
+    }
+    absl::StrAppend(&screen, "\x1b[J");
+    return screen;
+  }
+
+  bool dirty() {
+    absl::MutexLock lock(&mu_);
+    return dirty_;
+  }
+
+ private:
+  struct PoolView {
+    v1::PoolInfo info;
+    v1::CapacitySnapshot snapshot;
+    std::string stream_error;
+  };
+
+  // `line` cut to `cols` visible characters (escape sequences don't count).
+  static std::string Clip(const std::string& line, int cols) {
+    std::string out;
+    int visible = 0;
+    for (size_t i = 0; i < line.size(); ++i) {
+      if (line[i] == '\x1b') {
+        size_t end = line.find('m', i);
+        if (end == std::string::npos) break;
+        out.append(line, i, end - i + 1);
+        i = end;
+        continue;
+      }
+      if (visible >= cols) continue;
+      out.push_back(line[i]);
+      ++visible;
+    }
+    return out + "\x1b[0m";
+  }
+
+  // Pages by state as a bar of `width` characters, each state's share
+  // rounded by largest remainder; a state with any page shows at least one
+  // character. EMPTY pages (never mapped) are left out.
+  static std::string Bar(const v1::PageCounts& p, int width) {
+    struct Part {
+      int64_t pages;
+      const char* color;
+      char glyph;
+    };
+    const Part parts[] = {
+        {p.full_pages(), "\x1b[31m", '#'},
+        {p.open_pages(), "\x1b[33m", '+'},
+        {p.idle_pages(), "\x1b[32m", '='},
+        {p.mapping_pages(), "\x1b[36m", '~'},
+        {p.free_pages(), "\x1b[2m", '.'},
+        {p.reclaimed_pages(), "\x1b[35m", 'x'},
+    };
+    constexpr size_t kParts = sizeof(parts) / sizeof(parts[0]);
+    int64_t total = 0;
+    for (const Part& part : parts) total += part.pages;
+    if (total == 0) return absl::StrCat("[", std::string(width, ' '), "]");
+    int cells[kParts];
+    int used = 0;
+    size_t order[kParts];
+    for (size_t i = 0; i < kParts; ++i) {
+      cells[i] = static_cast<int>(parts[i].pages * width / total);
+      used += cells[i];
+      order[i] = i;
+    }
+    std::sort(order, order + kParts, [&](size_t a, size_t b) {
+      return (parts[a].pages * width) % total >
+             (parts[b].pages * width) % total;
+    });
+    for (size_t k = 0; used < width && k < kParts; ++k) {
+      if (parts[order[k]].pages == 0) continue;
+      ++cells[order[k]];
+      ++used;
+    }
+    for (size_t i = 0; i < kParts; ++i) {
+      if (parts[i].pages == 0 || cells[i] > 0) continue;
+      int* widest = std::max_element(cells, cells + kParts);
+      if (*widest > 1) {
+        --*widest;
+        cells[i] = 1;
+      }
+    }
+    std::string bar = "[";
+    for (size_t i = 0; i < kParts; ++i) {
+      if (cells[i] == 0) continue;
+      absl::StrAppend(&bar, parts[i].color,
+                      std::string(cells[i], parts[i].glyph), "\x1b[0m");
+    }
+    return bar + "]";
+  }
+
+  static void RenderPool(const std::string& name, const PoolView& view,
+                         int cols, std::vector<std::string>* lines) {
+    const v1::PoolSpec& spec = view.info.spec();
+    const v1::CapacitySnapshot& c = view.snapshot;
+    std::string health =
+        c.healthy() ? "\x1b[32mhealthy\x1b[0m"
+                    : absl::StrCat("\x1b[31;1mFAILED\x1b[0m ", c.failure());
+    if (!view.stream_error.empty()) {
+      absl::StrAppend(&health, "  \x1b[33m(stale: ", view.stream_error,
+                      ")\x1b[0m");
+    }
+    lines->push_back(absl::StrCat(
+        "\x1b[1m", name, "\x1b[0m  page ", FormatBytes(spec.page_size()),
+        "  block ", FormatBytes(spec.block_bytes()), "  ", spec.max_blocks(),
+        " block ids  ", view.info.page_count(), " pages  devices ",
+        DevicesText(spec), "  gen ", c.generation(), "  ", health));
+    const int bar_width = std::clamp(cols - 90, 10, 60);
+    lines->push_back(absl::StrCat("  pages   ", Bar(c.pages(), bar_width), "  ",
+                                  PageCountsText(c.pages())));
+    lines->push_back(absl::StrCat(
+        "  blocks  available ", c.available_blocks(), "  allocated ",
+        c.allocated_blocks(), "  reserved ", c.reserved_blocks(), "  total ",
+        c.total_blocks(), "  (", c.available_tokens(), " tokens available)"));
+    std::string limit = LimitText(c.limit());
+    if (c.limit().state() == v1::LIMIT_STATE_DEFERRED) {
+      limit = absl::StrCat("\x1b[33m", limit, "\x1b[0m");
+    }
+    lines->push_back(absl::StrCat(
+        "  memory  mapped ", FormatBytes(c.mapped_bytes()), "  virtual ",
+        FormatBytes(c.virtual_bytes()), "  limit ", limit));
+    lines->push_back("");
+  }
+
+  void PollLoop() {
+    do {
+      absl::StatusOr<std::vector<v1::PoolInfo>> pools =
+          client_->ListPools(CallOptions::WithTimeout(
+              std::min(client_->options().timeout, interval_)));
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      dirty_ = true;
+      if (!pools.ok()) {
+        server_error_ = GetKvbError(pools.status())->ToString();
+        continue;
+      }
+      server_error_.clear();
+      for (v1::PoolInfo& info : *pools) {
+        const std::string name = info.spec().name();
+        PoolView& view = pools_[name];
+        if (!watched_.count(name)) {
+          // Until its stream delivers, show the ListPools snapshot.
+          view.snapshot = info.capacity();
+          watched_.insert(name);
+          threads_.emplace_back([this, name] { WatchLoop(name); });
+        }
+        view.info = std::move(info);
+      }
+    } while (!stop_.WaitForNotificationWithTimeout(interval_));
+  }
+
+  void WatchLoop(const std::string& pool) {
+    while (true) {
+      std::shared_ptr<CapacityWatch> watch = client_->WatchCapacity(pool);
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+        watches_[pool] = watch;
+      }
+      v1::CapacitySnapshot snapshot;
+      while (watch->Next(&snapshot)) {
+        absl::MutexLock lock(&mu_);
+        PoolView& view = pools_[pool];
+        view.snapshot = std::move(snapshot);
+        view.stream_error.clear();
+        dirty_ = true;
+      }
+      const absl::Status end = watch->Finish();
+      {
+        absl::MutexLock lock(&mu_);
+        watches_.erase(pool);
+        if (stopping_) return;
+        dirty_ = true;
+        if (GetKvbReason(end) == v1::POOL_NOT_FOUND) {
+          pools_.erase(pool);
+          watched_.erase(pool);
+          return;
+        }
+        pools_[pool].stream_error =
+            end.ok() ? "stream closed" : GetKvbError(end)->ToString();
+      }
+      if (stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) return;
+    }
+  }
+
+  KvBrokerClient* const client_;
+  const absl::Duration interval_;
+  absl::Notification stop_;
+  std::thread poller_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool dirty_ ABSL_GUARDED_BY(mu_) = true;
+  std::string server_error_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PoolView> pools_ ABSL_GUARDED_BY(mu_);
+  // Pools with a WatchLoop thread.
+  std::set<std::string> watched_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<CapacityWatch>> watches_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+int RunTop(KvBrokerClient& client, absl::Duration interval,
+           const std::atomic<bool>& interrupted) {
+  TopModel model(&client, interval);
+  model.Start();
+  {
+    Terminal terminal;
+    int scroll = 0;
+    std::pair<int, int> size{0, 0};
+    absl::Time next_draw = absl::InfinitePast();
+    bool quit = false;
+    while (!quit && !interrupted) {
+      pollfd pfd{STDIN_FILENO, POLLIN, 0};
+      if (poll(&pfd, 1, 100) > 0 && (pfd.revents & POLLIN)) {
+        char keys[64];
+        const ssize_t n = read(STDIN_FILENO, keys, sizeof(keys));
+        if (n == 0) quit = true;  // stdin closed
+        for (ssize_t i = 0; i < n; ++i) {
+          switch (keys[i]) {
+            case 'q':
+            case 'Q':
+            case 3:  // Ctrl-C (ISIG is off in raw mode)
+              quit = true;
+              break;
+            case 'j':
+              ++scroll;
+              next_draw = absl::InfinitePast();
+              break;
+            case 'k':
+              --scroll;
+              next_draw = absl::InfinitePast();
+              break;
+            default:
+              break;
+          }
+        }
+      } else if (pfd.revents & (POLLHUP | POLLERR)) {
+        quit = true;
+      }
+      const std::pair<int, int> now_size = Terminal::Size();
+      const absl::Time now = absl::Now();
+      if (now_size != size || model.dirty() || now >= next_draw) {
+        size = now_size;
+        Terminal::Write(model.Render(size.first, size.second, &scroll));
+        next_draw = now + absl::Seconds(1);
+      }
+    }
+  }
+  model.Stop();
+  return kExitOk;
+}
+
+}  // namespace cli
+}  // namespace kvbroker

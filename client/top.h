@@ -1,0 +1,31 @@
+// `kvbrokerctl top`: a live full-screen view of every pool of a daemon.
+//
+// One WatchCapacity stream per pool keeps each pool's numbers current (a
+// stream that fails is reopened every second; one that ends with
+// POOL_NOT_FOUND drops the pool), and a ListPools every `interval` notices
+// new pools. The screen is drawn with plain ANSI escape sequences on the
+// alternate screen, with the terminal in raw mode (termios); no curses
+// library. Keys: q (or Ctrl-C) quits, j/k scroll.
+//
+// Thread safety: RunTop owns the terminal; call it from one thread.
+
+#ifndef KVBROKER_CLIENT_TOP_H_
+#define KVBROKER_CLIENT_TOP_H_
+
+#include <atomic>
+
+#include "absl/time/time.h"
+#include "client/kvbroker_client.h"
+
+namespace kvbroker {
+namespace cli {
+
+// Runs until `q` is pressed, stdin closes or `interrupted` becomes true (a
+// signal handler may set it); restores the terminal. Returns the exit code.
+int RunTop(KvBrokerClient& client, absl::Duration interval,
+           const std::atomic<bool>& interrupted);
+
+}  // namespace cli
+}  // namespace kvbroker
+
+#endif  // KVBROKER_CLIENT_TOP_H_

@@ -1,0 +1,194 @@
+// Daemon: broker + gRPC server wiring; see daemon.h.
+
+#include "server/daemon.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <utility>
+
+#include <grpcpp/ext/channelz_service_plugin.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/failure.h"
+#include "server/log.h"
+#include "server/proto_convert.h"
+#include "server/reflection_v1.h"
+
+namespace kvbroker {
+namespace {
+
+// Plugins that every ServerBuilder of the process picks up. gRPC's Init*
+// functions guard against double registration themselves.
+void RegisterGlobalPlugins() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::channelz::experimental::InitChannelzService();
+}
+
+std::string WithPort(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return listen;
+  return absl::StrCat(listen.substr(0, colon + 1), port);
+}
+
+}  // namespace
+
+Daemon::Daemon(DaemonOptions options, std::shared_ptr<ChangeFeed> feed)
+    : options_(std::move(options)), feed_(std::move(feed)) {}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
+    Backend* backend, BrokerOptions broker_options, DaemonOptions options) {
+  if (options.listen.empty() && options.unix_socket.empty()) {
+    return InvalidField("listen", "set a TCP address, a Unix socket or both");
+  }
+  auto feed = std::make_shared<ChangeFeed>();
+  broker_options.on_change =
+      [feed,
+       chained = std::move(broker_options.on_change)](const std::string& pool) {
+        feed->Publish(pool);
+        if (chained) chained(pool);
+      };
+  std::unique_ptr<Daemon> daemon(new Daemon(std::move(options), feed));
+  absl::StatusOr<std::unique_ptr<Broker>> broker =
+      Broker::Create(backend, std::move(broker_options));
+  if (!broker.ok()) return broker.status();
+  daemon->broker_ = *std::move(broker);
+  daemon->service_ =
+      std::make_unique<KvBrokerService>(daemon->broker_.get(), feed);
+  return daemon;
+}
+
+Daemon::~Daemon() {
+  Drain();
+  server_.reset();
+  service_.reset();
+  broker_.reset();
+}
+
+absl::Status Daemon::CreatePools(const v1::PoolsFile& pools) {
+  for (int i = 0; i < pools.pools_size(); ++i) {
+    absl::StatusOr<std::shared_ptr<PagePool>> pool =
+        broker_->CreatePool(FromProto(pools.pools(i)));
+    if (!pool.ok()) {
+      absl::Status s(
+          pool.status().code(),
+          absl::StrCat("pools entry ", i, " (\"", pools.pools(i).name(),
+                       "\"): ", pool.status().message()));
+      pool.status().ForEachPayload(
+          [&s](absl::string_view url, const absl::Cord& payload) {
+            s.SetPayload(url, payload);
+          });
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Start() {
+  if (server_ != nullptr) {
+    return absl::FailedPreconditionError("the daemon is already serving");
+  }
+  RegisterGlobalPlugins();
+  grpc::ServerBuilder builder;
+  // A second daemon on the same port must fail, not share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (!options_.listen.empty()) {
+    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
+                             &tcp_port_);
+  }
+  if (!options_.unix_socket.empty()) {
+    builder.AddListeningPort(unix_address(), grpc::InsecureServerCredentials());
+  }
+  builder.RegisterService(service_.get());
+  for (grpc::Service* extra : options_.extra_services) {
+    builder.RegisterService(extra);
+  }
+  builder.SetOption(MakeReflectionV1Option());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || (!options_.listen.empty() && tcp_port_ == 0)) {
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options_.listen.empty() ? "" : options_.listen,
+        !options_.listen.empty() && !options_.unix_socket.empty() ? " and "
+                                                                  : "",
+        options_.unix_socket.empty() ? "" : unix_address()));
+  }
+  RefreshHealth();
+  health_thread_ = std::thread([this] { HealthLoop(); });
+  return absl::OkStatus();
+}
+
+void Daemon::HealthLoop() {
+  while (
+      !stop_health_.WaitForNotificationWithTimeout(options_.health_interval)) {
+    RefreshHealth();
+  }
+}
+
+void Daemon::RefreshHealth() {
+  if (server_ == nullptr) return;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  const bool healthy = broker_->healthy();  // takes pool locks: not under mu_
+  absl::MutexLock lock(&mu_);
+  const bool serving = !draining_ && healthy;
+  if (serving_ == serving) return;
+  serving_ = serving;
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(kServiceName, serving);
+  LogLine("health %s%s", serving ? "SERVING" : "NOT_SERVING",
+          serving     ? ""
+          : draining_ ? " (draining)"
+                      : " (a pool has FAILED)");
+}
+
+void Daemon::Drain() {
+  absl::MutexLock drain_lock(&drain_mu_);
+  if (drained_ || server_ == nullptr) return;
+  drained_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+  }
+  stop_health_.Notify();
+  if (health_thread_.joinable()) health_thread_.join();
+  RefreshHealth();
+  feed_->Close();
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::microseconds(
+                            absl::ToInt64Microseconds(options_.drain_timeout));
+  const absl::Time start = absl::Now();
+  server_->Shutdown(deadline);
+  server_->Wait();
+  LogLine("server stopped after %s", absl::FormatDuration(absl::Now() - start));
+  if (!options_.unix_socket.empty()) {
+    struct stat st;
+    if (stat(options_.unix_socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+      unlink(options_.unix_socket.c_str());
+    }
+  }
+  broker_->StopWorker();
+}
+
+std::string Daemon::tcp_address() const {
+  if (options_.listen.empty()) return "";
+  return WithPort(options_.listen, tcp_port_);
+}
+
+std::string Daemon::unix_address() const {
+  if (options_.unix_socket.empty()) return "";
+  return absl::StrCat("unix:", options_.unix_socket);
+}
+
+std::shared_ptr<grpc::Channel> Daemon::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
+}  // namespace kvbroker

@@ -1,0 +1,137 @@
+// Daemon: everything kvbrokerd serves, wired once, for main.cc and the
+// end-to-end tests alike.
+//
+// A Daemon owns the Broker (over a caller-owned Backend), the KvBroker
+// service, and one grpc::Server listening on TCP and/or a Unix socket at the
+// same time. The server also carries:
+//   - grpc.health.v1.Health (gRPC's default service) for "" and
+//     "kvbroker.v1.KvBroker": SERVING while the daemon serves and
+//     Broker::healthy() holds, NOT_SERVING while draining or once a pool has
+//     FAILED (re-read every `health_interval`);
+//   - server reflection, v1alpha (gRPC's plugin) and v1 (reflection_v1.h),
+//     both resolving google.rpc.ErrorInfo and the other error details;
+//   - channelz (grpc.channelz.v1.Channelz).
+//
+// Lifecycle:
+//   auto d = Daemon::Create(&backend, broker_options, options);
+//   d->CreatePools(pools_file);   // optional, before serving
+//   d->Start();                   // binds and serves
+//   ...
+//   d->Drain();                   // SIGTERM: NOT_SERVING, end watches,
+//                                 // Shutdown(deadline); idempotent
+// The destructor drains if needed, then releases every pool.
+//
+// Thread safety: Drain may be called from any thread, once or more; the rest
+// from the owning thread.
+
+#ifndef KVBROKER_SERVER_DAEMON_H_
+#define KVBROKER_SERVER_DAEMON_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "allocator/backend.h"
+#include "allocator/broker.h"
+#include "proto/kvbroker/v1/kvbroker.pb.h"
+#include "server/change_feed.h"
+#include "server/kvbroker_service.h"
+
+namespace kvbroker {
+
+struct DaemonOptions {
+  // TCP "host:port"; port 0 picks a free port. Empty: no TCP listener.
+  std::string listen = "127.0.0.1:50051";
+  // Unix socket path. Empty: no Unix listener.
+  std::string unix_socket;
+  // How long Drain lets in-flight calls finish before cancelling them.
+  absl::Duration drain_timeout = absl::Seconds(10);
+  // How often health re-reads Broker::healthy().
+  absl::Duration health_interval = absl::Milliseconds(200);
+  // More services served beside KvBroker by the same server (benchmarks
+  // register their baseline ping here). Not owned; must outlive the daemon.
+  std::vector<grpc::Service*> extra_services;
+};
+
+// The health service names the daemon reports.
+inline constexpr char kServiceName[] = "kvbroker.v1.KvBroker";
+
+class Daemon {
+ public:
+  // Creates the broker. `backend` must outlive the daemon. The daemon adds
+  // its own on_change hook to `broker_options` (and still calls the
+  // caller's). Errors: those of Broker::Create; INVALID_ARGUMENT when
+  // neither listener is configured.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Create(
+      Backend* backend, BrokerOptions broker_options, DaemonOptions options);
+
+  // Drains (if serving) and releases every pool.
+  ~Daemon();
+
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Creates each pool of `pools`, in order. Stops at the first failure,
+  // whose message names the entry. Pools created before it stay.
+  absl::Status CreatePools(const v1::PoolsFile& pools);
+
+  // Binds the listeners and starts serving. Errors: UNAVAILABLE when a
+  // listener cannot be bound; FAILED_PRECONDITION when called twice.
+  absl::Status Start();
+
+  // SIGTERM behaviour: health NOT_SERVING, WatchCapacity streams end (OK),
+  // new calls are refused, in-flight calls get `drain_timeout` to finish and
+  // are then cancelled. Returns when the server has stopped. Idempotent.
+  void Drain() ABSL_LOCKS_EXCLUDED(drain_mu_, mu_);
+
+  Broker* broker() { return broker_.get(); }
+  // The bound TCP port (after Start); 0 without a TCP listener.
+  int tcp_port() const { return tcp_port_; }
+  // "host:port" with the bound port, or "" without a TCP listener.
+  std::string tcp_address() const;
+  // "unix:<path>", or "" without a Unix listener.
+  std::string unix_address() const;
+  // A channel into the server that bypasses the network (after Start).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+
+  // Re-reads Broker::healthy() and updates the health service now (the
+  // background thread does it every health_interval).
+  void RefreshHealth() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  Daemon(DaemonOptions options, std::shared_ptr<ChangeFeed> feed);
+  void HealthLoop();
+
+  const DaemonOptions options_;
+  const std::shared_ptr<ChangeFeed> feed_;
+  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<KvBrokerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int tcp_port_ = 0;
+  std::thread health_thread_;
+  absl::Notification stop_health_;
+
+  // Held for the whole of Drain, so that a second caller waits for the
+  // first to finish.
+  absl::Mutex drain_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  bool drained_ ABSL_GUARDED_BY(drain_mu_) = false;
+
+  absl::Mutex mu_;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // What the health service was last told; nullopt before the first update.
+  std::optional<bool> serving_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvbroker
+
+#endif  // KVBROKER_SERVER_DAEMON_H_

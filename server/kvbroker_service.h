@@ -1,0 +1,103 @@
+// KvBrokerService: the kvbroker.v1.KvBroker gRPC service over a Broker.
+//
+// Thin by design: each RPC converts its request (proto_convert.h), calls the
+// broker or one pool, and converts the result or the typed failure
+// (status_convert.h). All policy (exact capacity, rollback, idempotency by
+// request_id, reservations, limits) lives in the allocator core.
+//
+// Unary RPCs use the callback API and run on gRPC's threads; the only
+// blocking they do is the pool's own critical section (which, for an Alloc
+// that grows the pool, includes mapping its pages: SPEC 4's linearizability).
+// A call that is already cancelled or past its deadline when it starts is
+// refused with CANCELLED / DEADLINE_EXCEEDED before it touches the pool. A
+// deadline that passes while the pool is working does not undo the work: a
+// client that may time out retries with the same request_id and receives the
+// first outcome.
+//
+// WatchCapacity is a ServerWriteReactor subscribed to the ChangeFeed that the
+// broker's on_change feeds. It writes a snapshot at once and again whenever
+// the pool's generation moved, with at most one write in flight: changes that
+// arrive during a write are coalesced into one snapshot of the latest state.
+// It ends with the pool's failure when the pool is deleted (POOL_NOT_FOUND),
+// with CANCELLED when the client goes away or its deadline passes, and with OK
+// when the feed closes (the server is draining).
+//
+// Logging: one line on stderr per failed call (method, pool, reason, code,
+// message) and per memory-limit or trim change; the broker logs pool creation
+// and deletion itself.
+//
+// Thread safety: thread-safe. `broker` must outlive the service; the
+// service's reactors keep `feed` and the pools they watch alive themselves.
+
+#ifndef KVBROKER_SERVER_KVBROKER_SERVICE_H_
+#define KVBROKER_SERVER_KVBROKER_SERVICE_H_
+
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "allocator/broker.h"
+#include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
+#include "server/change_feed.h"
+
+namespace kvbroker {
+
+class KvBrokerService final : public v1::KvBroker::CallbackService {
+ public:
+  // `feed` must receive the broker's on_change notifications.
+  KvBrokerService(Broker* broker, std::shared_ptr<ChangeFeed> feed);
+
+  KvBrokerService(const KvBrokerService&) = delete;
+  KvBrokerService& operator=(const KvBrokerService&) = delete;
+
+  grpc::ServerUnaryReactor* CreatePool(
+      grpc::CallbackServerContext* ctx, const v1::CreatePoolRequest* request,
+      v1::CreatePoolResponse* response) override;
+  grpc::ServerUnaryReactor* GetPool(grpc::CallbackServerContext* ctx,
+                                    const v1::GetPoolRequest* request,
+                                    v1::GetPoolResponse* response) override;
+  grpc::ServerUnaryReactor* ListPools(grpc::CallbackServerContext* ctx,
+                                      const v1::ListPoolsRequest* request,
+                                      v1::ListPoolsResponse* response) override;
+  grpc::ServerUnaryReactor* DeletePool(
+      grpc::CallbackServerContext* ctx, const v1::DeletePoolRequest* request,
+      v1::DeletePoolResponse* response) override;
+  grpc::ServerUnaryReactor* Capacity(grpc::CallbackServerContext* ctx,
+                                     const v1::CapacityRequest* request,
+                                     v1::CapacityResponse* response) override;
+  grpc::ServerUnaryReactor* Alloc(grpc::CallbackServerContext* ctx,
+                                  const v1::AllocRequest* request,
+                                  v1::AllocResponse* response) override;
+  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* ctx,
+                                 const v1::FreeRequest* request,
+                                 v1::FreeResponse* response) override;
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* ctx,
+                                    const v1::ReserveRequest* request,
+                                    v1::ReserveResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseReservation(
+      grpc::CallbackServerContext* ctx,
+      const v1::ReleaseReservationRequest* request,
+      v1::ReleaseReservationResponse* response) override;
+  grpc::ServerUnaryReactor* SetMemoryLimit(
+      grpc::CallbackServerContext* ctx,
+      const v1::SetMemoryLimitRequest* request,
+      v1::SetMemoryLimitResponse* response) override;
+  grpc::ServerUnaryReactor* Trim(grpc::CallbackServerContext* ctx,
+                                 const v1::TrimRequest* request,
+                                 v1::TrimResponse* response) override;
+  grpc::ServerWriteReactor<v1::WatchCapacityResponse>* WatchCapacity(
+      grpc::CallbackServerContext* ctx,
+      const v1::WatchCapacityRequest* request) override;
+  grpc::ServerUnaryReactor* GetPageOccupancy(
+      grpc::CallbackServerContext* ctx,
+      const v1::GetPageOccupancyRequest* request,
+      v1::GetPageOccupancyResponse* response) override;
+
+ private:
+  Broker* const broker_;
+  const std::shared_ptr<ChangeFeed> feed_;
+};
+
+}  // namespace kvbroker
+
+#endif  // KVBROKER_SERVER_KVBROKER_SERVICE_H_

@@ -1,0 +1,257 @@
+// kvbrokerd: the per-node daemon that brokers GPU memory for LLM KV caches.
+//
+// Parses flags, builds the backend, creates the pools of --pools, serves
+// kvbroker.v1.KvBroker (plus health, reflection and channelz) on TCP and/or a
+// Unix socket, and drains on SIGTERM or SIGINT (exit status 0).
+
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include <google/protobuf/text_format.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "allocator/backend.h"
+#include "allocator/broker.h"
+#include "allocator/cuda_backend.h"
+#include "allocator/host_backend.h"
+#include "allocator/units.h"
+#include "proto/kvbroker/v1/kvbroker.pb.h"
+#include "server/daemon.h"
+#include "server/log.h"
+
+namespace kvbroker {
+
+// A byte count written as a number with an optional binary suffix: 1048576,
+// 512KiB, 14MiB, 80GiB, 1TiB (B, K, M, G, T and KB, MB, ... are binary too).
+struct ByteSize {
+  int64_t bytes = 0;
+};
+
+bool AbslParseFlag(absl::string_view text, ByteSize* out, std::string* error) {
+  text = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < text.size() &&
+         (absl::ascii_isdigit(text[digits]) || text[digits] == '.')) {
+    ++digits;
+  }
+  double value;
+  if (digits == 0 || !absl::SimpleAtod(text.substr(0, digits), &value)) {
+    *error = "expected a byte count such as 80GiB";
+    return false;
+  }
+  std::string unit = absl::AsciiStrToLower(text.substr(digits));
+  int64_t scale = 1;
+  if (unit.empty() || unit == "b") {
+    scale = 1;
+  } else if (unit == "k" || unit == "kb" || unit == "kib") {
+    scale = kKiB;
+  } else if (unit == "m" || unit == "mb" || unit == "mib") {
+    scale = kMiB;
+  } else if (unit == "g" || unit == "gb" || unit == "gib") {
+    scale = kGiB;
+  } else if (unit == "t" || unit == "tb" || unit == "tib") {
+    scale = kGiB * 1024;
+  } else {
+    *error = absl::StrCat("unknown unit \"", unit, "\"");
+    return false;
+  }
+  out->bytes = static_cast<int64_t>(value * static_cast<double>(scale));
+  return true;
+}
+
+std::string AbslUnparseFlag(ByteSize size) {
+  if (size.bytes % kGiB == 0) return absl::StrCat(size.bytes / kGiB, "GiB");
+  if (size.bytes % kMiB == 0) return absl::StrCat(size.bytes / kMiB, "MiB");
+  return absl::StrCat(size.bytes);
+}
+
+}  // namespace kvbroker
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "TCP address to serve on, host:port (port 0 picks a free port); "
+          "empty: no TCP listener. Schedulers and operators connect here.");
+ABSL_FLAG(std::string, unix_socket, "",
+          "Unix socket path to serve on as well (engines on this node "
+          "connect here); empty: none.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Memory backend: 'cuda' (GPU memory through the CUDA driver, "
+          "loaded at run time; fails if no usable GPU), 'host' (memfd-backed "
+          "host memory with the budget of --host_device_count and "
+          "--host_device_memory), or 'auto' (cuda when a usable GPU is "
+          "found, else host).");
+ABSL_FLAG(std::string, pools, "",
+          "File of pools to create at start, in protobuf text format "
+          "(kvbroker.v1.PoolsFile: 'pools { name: \"demo\" page_size: ... }'; "
+          "see examples/pools.textproto). Empty: start with no pool.");
+ABSL_FLAG(double, gpu_memory_utilization, 0.95,
+          "Fraction of each device's total memory kvbroker may fill, all "
+          "processes counted: it maps a page only while free memory stays "
+          "above total * (1 - this). In (0, 1].");
+ABSL_FLAG(int64_t, min_idle_pages, 5,
+          "Pages per pool the background worker keeps mapped and unused "
+          "(IDLE), so that allocations rarely wait for the driver; a pool's "
+          "spec may override it.");
+ABSL_FLAG(int64_t, max_idle_pages, 10,
+          "IDLE pages per pool kept mapped after their last block is freed; "
+          "beyond this they are unmapped. A pool's spec may override it.");
+ABSL_FLAG(int64_t, host_device_count, 1,
+          "Host backend only: number of simulated devices.");
+ABSL_FLAG(kvbroker::ByteSize, host_device_memory,
+          kvbroker::ByteSize{80 * kvbroker::kGiB},
+          "Host backend only: memory of each simulated device (the physical "
+          "budget), e.g. 80GiB or 512MiB.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
+          "On SIGTERM/SIGINT: how long in-flight calls may take to finish "
+          "before they are cancelled.");
+
+namespace kvbroker {
+namespace {
+
+// The one place a backend is chosen: 'cuda' creates the CUDA backend
+// (allocator/cuda_backend.h) or fails, 'host' creates the host backend, and
+// 'auto' tries CUDA first and falls back to the host backend, saying why.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
+    const std::string& kind, const HostBackendOptions& host_options) {
+  if (kind != "auto" && kind != "cuda" && kind != "host") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend must be auto, cuda or host, not \"", kind, "\""));
+  }
+  if (kind == "cuda" || kind == "auto") {
+    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create();
+    if (cuda.ok()) return std::unique_ptr<Backend>(std::move(*cuda));
+    if (kind == "cuda") {
+      return absl::Status(
+          cuda.status().code(),
+          absl::StrCat("--backend=cuda: ", cuda.status().message()));
+    }
+    LogLine("no usable GPU (%s); using the host backend",
+            cuda.status().message());
+  }
+  if (host_options.device_count <= 0) {
+    return absl::InvalidArgumentError("--host_device_count must be positive");
+  }
+  if (host_options.device_total.value() <= 0) {
+    return absl::InvalidArgumentError("--host_device_memory must be positive");
+  }
+  return std::unique_ptr<Backend>(new HostBackend(host_options));
+}
+
+absl::StatusOr<v1::PoolsFile> ReadPoolsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  v1::PoolsFile pools;
+  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &pools)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is not a valid kvbroker.v1.PoolsFile in text format"));
+  }
+  return pools;
+}
+
+int Fail(const absl::Status& status) {
+  absl::FPrintF(stderr, "kvbrokerd: %s\n", status.ToString());
+  return 1;
+}
+
+int Run() {
+  // Block the signals in every thread, then take them synchronously below:
+  // gRPC's threads inherit this mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  HostBackendOptions host_options;
+  host_options.device_count =
+      static_cast<int>(absl::GetFlag(FLAGS_host_device_count));
+  host_options.device_total =
+      Bytes(absl::GetFlag(FLAGS_host_device_memory).bytes);
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      MakeBackend(absl::GetFlag(FLAGS_backend), host_options);
+  if (!backend.ok()) return Fail(backend.status());
+
+  BrokerOptions broker_options;
+  broker_options.gpu_memory_utilization =
+      absl::GetFlag(FLAGS_gpu_memory_utilization);
+  broker_options.min_idle_pages = absl::GetFlag(FLAGS_min_idle_pages);
+  broker_options.max_idle_pages = absl::GetFlag(FLAGS_max_idle_pages);
+  DaemonOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon =
+      Daemon::Create(backend->get(), broker_options, options);
+  if (!daemon.ok()) return Fail(daemon.status());
+  if (const std::string path = absl::GetFlag(FLAGS_pools); !path.empty()) {
+    absl::StatusOr<v1::PoolsFile> pools = ReadPoolsFile(path);
+    if (!pools.ok()) return Fail(pools.status());
+    if (absl::Status s = (*daemon)->CreatePools(*pools); !s.ok()) {
+      return Fail(s);
+    }
+  }
+  if (absl::Status s = (*daemon)->Start(); !s.ok()) return Fail(s);
+
+  absl::PrintF(
+      "kvbrokerd: %s backend with %d device(s); serving "
+      "kvbroker.v1.KvBroker",
+      (*backend)->name(), (*backend)->device_count());
+  if (!(*daemon)->tcp_address().empty()) {
+    absl::PrintF(" on %s", (*daemon)->tcp_address());
+  }
+  if (!(*daemon)->unix_address().empty()) {
+    absl::PrintF("%s %s", (*daemon)->tcp_address().empty() ? " on" : " and",
+                 (*daemon)->unix_address());
+  }
+  absl::PrintF("\n");
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  LogLine("%s received, draining (up to %s)",
+          signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
+          absl::FormatDuration(options.drain_timeout));
+  (*daemon)->Drain();
+  daemon->reset();
+  LogLine("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvbroker
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "brokers GPU memory for LLM KV caches over gRPC "
+      "(kvbroker.v1.KvBroker).\n"
+      "Usage: kvbrokerd [--listen=HOST:PORT] [--unix_socket=PATH] "
+      "[--backend=auto|cuda|host] [--pools=FILE] ...");
+  // --help lists the flags of this file (abseil's default looks for a file
+  // named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::ParseCommandLine(argc, argv);
+  return kvbroker::Run();
+}

@@ -1,0 +1,88 @@
+// The one translation between the allocator's typed failures and gRPC's
+// rich error model (SPEC section 6, style.md 6.7).
+//
+// Server side, ToGrpcStatus turns an absl::Status carrying a kvbroker Failure
+// payload (allocator/failure.h) into
+//   grpc::Status(code, message, details)
+// where `details` is a serialized google.rpc.Status{code, message, details}
+// whose `details` hold, in this order:
+//   - google.rpc.ErrorInfo{domain: "kvbroker", reason: "POOL_EXHAUSTED", ...,
+//     metadata: the failure's metadata (string values, keys with units)},
+//     always;
+//   - google.rpc.BadRequest, one field violation per offending field, when
+//     the failure names fields (INVALID_ARGUMENT, INVALID_GEOMETRY);
+//   - google.rpc.QuotaFailure for the capacity refusals (POOL_EXHAUSTED,
+//     GPU_MEMORY_EXHAUSTED, SHRINK_PENDING, REQUEST_TOO_LARGE), subject
+//     "pool:<name>";
+//   - google.rpc.PreconditionFailure for the FAILED_PRECONDITION and ABORTED
+//     reasons, type = the reason, subject naming what is wrong
+//     ("pool:<name>", "block:<id>", "reservation:<id>", "request_id:<id>");
+//   - google.rpc.ResourceInfo when the failure is about one named resource
+//     (a pool, "kvbroker.v1.Pool"; a reservation, "kvbroker.v1.Reservation");
+//   - google.rpc.RetryInfo where waiting and retrying can help:
+//     MAPPING_FAILED (kMappingRetryDelay) and GPU_MEMORY_EXHAUSTED
+//     (kBudgetRetryDelay, the broker's budget refresh interval).
+// Codes convert number for number (absl::StatusCode and grpc::StatusCode
+// both follow google.rpc.Code). A non-OK status without the payload is a bug
+// or an untranslated backend error: it becomes INTERNAL, its message prefixed
+// with its original code name, with ErrorInfo reason REASON_UNSPECIFIED and
+// metadata {"original_code": <code name>}.
+//
+// Client side, FromGrpcStatus reverses this: a status whose details hold a
+// kvbroker ErrorInfo becomes an absl::Status with the same code and message
+// and the Failure payload (reason, metadata, BadRequest violations). Any
+// other status (the gRPC library's own UNAVAILABLE, DEADLINE_EXCEEDED, ...,
+// and REASON_UNSPECIFIED) keeps its code and message and carries no payload.
+//
+// Thread safety: the functions are pure.
+
+#ifndef KVBROKER_SERVER_STATUS_CONVERT_H_
+#define KVBROKER_SERVER_STATUS_CONVERT_H_
+
+#include <optional>
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "proto/google/rpc/error_details.pb.h"
+#include "proto/google/rpc/status.pb.h"
+
+namespace kvbroker {
+
+// ErrorInfo.domain of every kvbroker failure.
+inline constexpr absl::string_view kErrorDomain = "kvbroker";
+
+// RetryInfo.retry_delay of MAPPING_FAILED and GPU_MEMORY_EXHAUSTED.
+inline constexpr absl::Duration kMappingRetryDelay = absl::Milliseconds(100);
+inline constexpr absl::Duration kBudgetRetryDelay = absl::Seconds(1);
+
+// Core -> wire. OK stays OK.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Wire -> core. OK stays OK.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// The google.rpc.Status in `status`'s binary details; nullopt when there is
+// none or it does not parse.
+std::optional<google::rpc::Status> GetRpcStatus(const grpc::Status& status);
+
+// The first ErrorInfo of domain "kvbroker" in `status`'s details, if any.
+std::optional<google::rpc::ErrorInfo> GetErrorInfo(const grpc::Status& status);
+
+// The first detail of type T (BadRequest, QuotaFailure, ...) in `status`.
+template <typename T>
+std::optional<T> GetDetail(const grpc::Status& status) {
+  std::optional<google::rpc::Status> rpc = GetRpcStatus(status);
+  if (!rpc.has_value()) return std::nullopt;
+  for (const google::protobuf::Any& any : rpc->details()) {
+    T detail;
+    if (any.Is<T>() && any.UnpackTo(&detail)) return detail;
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvbroker
+
+#endif  // KVBROKER_SERVER_STATUS_CONVERT_H_
