@@ -129,7 +129,7 @@ absl::Status Broker::DeletePool(const std::string& name, bool force) {
 
 bool Broker::healthy() {
   for (const auto& pool : ListPools()) {
-    if (!pool->healthy()) return false;
+    if (pool->device_lost()) return false;
   }
   return true;
 }

@@ -86,7 +86,9 @@ class Broker {
   DeviceBudgets* budgets() { return &budgets_; }
   const BrokerOptions& options() const { return options_; }
   Clock* clock() const { return clock_; }
-  // False once a pool is FAILED or the backend reported a fatal error.
+  // False once the backend reported a fatal device error to any pool. A
+  // pool that failed for its own reasons (a rollback that could not finish)
+  // is FAILED alone: the daemon keeps serving the others.
   bool healthy() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

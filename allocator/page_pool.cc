@@ -593,8 +593,9 @@ absl::Status PagePool::UnmapPageUnlocked(PageId p) {
 bool PagePool::UnmapIdleLocked(PageId p) {
   absl::Status s = UnmapPageUnlocked(p);
   if (!s.ok()) {
-    MarkFailedLocked(absl::StrCat("unmapping page ", p, " failed: ",
-                                  s.message()));
+    MarkFailedLocked(
+        absl::StrCat("unmapping page ", p, " failed: ", s.message()),
+        /*device_lost=*/s.code() == absl::StatusCode::kInternal);
     return false;
   }
   budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
@@ -615,10 +616,12 @@ absl::Status PagePool::MappingErrorLocked(const MapOutcome& outcome,
   }
   const absl::StatusCode code = outcome.status.code();
   if (!outcome.unwound || code == absl::StatusCode::kInternal) {
-    MarkFailedLocked(absl::StrCat(
-        outcome.unwound ? "fatal device error: "
-                        : "a failed mapping could not be rolled back: ",
-        outcome.status.message()));
+    MarkFailedLocked(
+        absl::StrCat(outcome.unwound
+                         ? "fatal device error: "
+                         : "a failed mapping could not be rolled back: ",
+                     outcome.status.message()),
+        /*device_lost=*/code == absl::StatusCode::kInternal);
     return MakeFailure(FailureReason::kPoolFailed,
                        absl::StrCat("pool ", name(), " failed: ", failure_),
                        std::move(md));
@@ -637,7 +640,8 @@ absl::Status PagePool::MappingErrorLocked(const MapOutcome& outcome,
                      std::move(md));
 }
 
-void PagePool::MarkFailedLocked(const std::string& why) {
+void PagePool::MarkFailedLocked(const std::string& why, bool device_lost) {
+  device_lost_ = device_lost_ || device_lost;
   if (!failed_) {
     failed_ = true;
     failure_ = why;
@@ -653,7 +657,7 @@ void PagePool::MarkFailed(const std::string& why) {
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
-    MarkFailedLocked(why);
+    MarkFailedLocked(why, /*device_lost=*/false);
     after = generation_;
     prealloc = NeedsPreallocLocked();
   }
@@ -742,7 +746,8 @@ absl::StatusOr<std::vector<BlockId>> PagePool::AcquireLocked(
   if (need != 0) {
     // PlanLocked guaranteed the supply; reaching here is a bug.
     MarkFailedLocked(absl::StrCat("internal error: acquisition short by ",
-                                  need, " blocks"));
+                                  need, " blocks"),
+                     /*device_lost=*/false);
     return absl::InternalError("acquisition short of its plan");
   }
   if (owner == BlockOwner::kReserved) {
@@ -1482,6 +1487,11 @@ uint64_t PagePool::generation() const {
 bool PagePool::healthy() const {
   absl::MutexLock lock(&mu_);
   return !failed_;
+}
+
+bool PagePool::device_lost() const {
+  absl::MutexLock lock(&mu_);
+  return device_lost_;
 }
 
 PoolStats PagePool::Stats() const {

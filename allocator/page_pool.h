@@ -351,6 +351,9 @@ class PagePool {
   PoolStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
   bool healthy() const ABSL_LOCKS_EXCLUDED(mu_);
+  // True once a backend call of this pool reported a fatal device error
+  // (INTERNAL): the device, not just this pool, is unusable.
+  bool device_lost() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Walks every page and block and checks the invariants in this header.
   // O(T + N): for tests and debugging. Returns INTERNAL naming the first
@@ -472,7 +475,7 @@ class PagePool {
   // when needed, and returns the typed error for the caller.
   absl::Status MappingErrorLocked(const MapOutcome& outcome, int64_t requested)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MarkFailedLocked(const std::string& why)
+  void MarkFailedLocked(const std::string& why, bool device_lost)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- reservations and idempotency ---
@@ -516,6 +519,7 @@ class PagePool {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::string failure_ ABSL_GUARDED_BY(mu_);
+  bool device_lost_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
 
   std::vector<Page> pages_ ABSL_GUARDED_BY(mu_);

@@ -1200,7 +1200,9 @@ TEST(Scenarios, R4_FailedRollbackFailsOnlyThatPool) {
   absl::Status s = RefusedBeforeMapping(rig, FailureReason::kPoolFailed,
                                         [&] { return Alloc(*a, 1); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(broker->healthy());
+  // The pool failed on its own; the device was not lost.
+  EXPECT_TRUE(broker->healthy());
+  EXPECT_FALSE(a->device_lost());
 
   // The broker keeps serving its other pool.
   ASSERT_OK_AND_ASSIGN(AllocResult other, Alloc(*b, 1));
@@ -1226,6 +1228,7 @@ TEST(Scenarios, R5_PreallocFatalErrorVisibleInNextCapacity) {
   EXPECT_FALSE(c.healthy);
   EXPECT_FALSE(c.failure.empty());
   EXPECT_FALSE(pool->healthy());
+  EXPECT_TRUE(pool->device_lost());  // a fatal error: the backend failed
   absl::Status s = RefusedBeforeMapping(rig, FailureReason::kPoolFailed,
                                         [&] { return Alloc(*pool, 1); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);

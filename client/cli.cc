@@ -48,7 +48,7 @@
 #include "client/cli_text.h"
 #include "client/kvbroker_client.h"
 #include "client/top.h"
-#include "client/units.h"
+#include "common/byte_size.h"
 
 // Global flags.
 ABSL_FLAG(std::string, server, "127.0.0.1:50051",

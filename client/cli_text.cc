@@ -4,7 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "client/kvbroker_client.h"
-#include "client/units.h"
+#include "common/byte_size.h"
 
 namespace kvbroker {
 namespace cli {

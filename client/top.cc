@@ -20,7 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/cli_text.h"
-#include "client/units.h"
+#include "common/byte_size.h"
 
 namespace kvbroker {
 namespace cli {

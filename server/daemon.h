@@ -6,8 +6,9 @@
 // same time. The server also carries:
 //   - grpc.health.v1.Health (gRPC's default service) for "" and
 //     "kvbroker.v1.KvBroker": SERVING while the daemon serves and
-//     Broker::healthy() holds, NOT_SERVING while draining or once a pool has
-//     FAILED (re-read every `health_interval`);
+//     Broker::healthy() holds, NOT_SERVING while draining or once the
+//     backend reported a fatal device error (re-read every
+//     `health_interval`); a pool that FAILED alone leaves health SERVING;
 //   - server reflection, v1alpha (gRPC's plugin) and v1 (reflection_v1.h),
 //     both resolving google.rpc.ErrorInfo and the other error details;
 //   - channelz (grpc.channelz.v1.Channelz).

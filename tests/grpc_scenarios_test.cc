@@ -572,15 +572,16 @@ TEST_P(GrpcScenarios, R4_FailedRollbackFailsOnlyThatPool) {
   EXPECT_EQ(Metadata(s)["pool"], "a");
   EXPECT_TRUE(GetDetail<google::rpc::PreconditionFailure>(s).has_value());
 
-  // The daemon keeps serving the other pool, and health reports the failure.
+  // The daemon keeps serving the other pool; the device itself is fine, so
+  // health stays SERVING (a lost device turns it off: R5).
   auto other = c().Alloc("b", 1);
   ASSERT_REPLY_OK(other);
   EXPECT_EQ(Ids(other->pages()), (IdList{0}));
   rig().daemon->RefreshHealth();
   EXPECT_EQ(HealthOf(channel, ""),
-            grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+            grpc::health::v1::HealthCheckResponse::SERVING);
   EXPECT_EQ(HealthOf(channel, "kvbroker.v1.KvBroker"),
-            grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+            grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
 TEST_P(GrpcScenarios, R5_PreallocFatalErrorVisibleInNextCapacity) {
@@ -597,6 +598,13 @@ TEST_P(GrpcScenarios, R5_PreallocFatalErrorVisibleInNextCapacity) {
   EXPECT_FALSE(cap.failure().empty());
   RefusedBeforeMapping(rig(), FailureReason::kPoolFailed,
                        [&] { return c().Alloc("r1", 1).status; });
+  // A fatal device error means the backend has failed: health says so.
+  auto channel = rig().Channel(GetParam());
+  rig().daemon->RefreshHealth();
+  EXPECT_EQ(HealthOf(channel, ""),
+            grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(HealthOf(channel, "kvbroker.v1.KvBroker"),
+            grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 }
 
 TEST_P(GrpcScenarios, R6_SecondDeviceFailureUnmapsTheFirst) {

@@ -1,4 +1,5 @@
-// Byte sizes as people type and read them, for kvbrokerctl.
+// Byte sizes as people type and read them: kvbrokerctl's arguments and
+// kvbrokerd's size flags.
 //
 // ParseSize accepts a non-negative number, optionally with a fraction, and an
 // optional unit (case-insensitive, spaces allowed between number and unit):
@@ -20,8 +21,8 @@
 //
 // Thread safety: pure functions.
 
-#ifndef KVBROKER_CLIENT_UNITS_H_
-#define KVBROKER_CLIENT_UNITS_H_
+#ifndef KVBROKER_COMMON_BYTE_SIZE_H_
+#define KVBROKER_COMMON_BYTE_SIZE_H_
 
 #include <cstdint>
 #include <string>
@@ -40,4 +41,4 @@ std::string FormatBytes(int64_t bytes);
 
 }  // namespace kvbroker
 
-#endif  // KVBROKER_CLIENT_UNITS_H_
+#endif  // KVBROKER_COMMON_BYTE_SIZE_H_

@@ -1,4 +1,4 @@
-#include "client/units.h"
+#include "common/byte_size.h"
 
 #include <cstdint>
 #include <limits>
