@@ -163,8 +163,7 @@ absl::Status PagePool::Shutdown(bool force) {
          {"allocated_blocks", Num(allocated_)},
          {"reserved_blocks", Num(reserved_)}});
   }
-  mu_.Await(absl::Condition(
-      +[](std::optional<PageId>* m) { return !m->has_value(); }, &mapping_));
+  AwaitNoMappingLocked();
   shut_down_ = true;
   int64_t leaked = 0;
   for (PageId p = 0; p < static_cast<PageId>(pages_.size()); ++p) {
@@ -796,16 +795,9 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       const std::string fingerprint = AllocFingerprint(request);
       for (;;) {
         ExpireLocked(clock_->Now());
-        if (!request.request_id.empty()) {
-          absl::StatusOr<const Remembered*> seen =
-              RecallLocked(request.request_id, fingerprint);
-          if (!seen.ok()) return seen.status();
-          if (*seen != nullptr) {
-            ++stats_.idempotent_replays_total;
-            AllocResult replay = std::get<AllocResult>((*seen)->result);
-            replay.replayed = true;
-            return replay;
-          }
+        if (std::optional<absl::StatusOr<AllocResult>> replay =
+                ReplayLocked<AllocResult>(request.request_id, fingerprint)) {
+          return *std::move(replay);
         }
         KVB_RETURN_IF_ERROR(CheckUsableLocked());
         if (request.expected_generation.has_value() &&
@@ -834,9 +826,7 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
         // request that needs it waits for its mapping (one page, bounded).
         if (mapping_.has_value() &&
             request.num_blocks - from_res > open_free_ + idle_usable_) {
-          mu_.Await(absl::Condition(
-              +[](std::optional<PageId>* m) { return !m->has_value(); },
-              &mapping_));
+          AwaitNoMappingLocked();
           continue;
         }
         absl::StatusOr<Plan> plan =
@@ -885,24 +875,14 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
       const std::string fingerprint = ReserveFingerprint(request);
       for (;;) {
         ExpireLocked(clock_->Now());
-        if (!request.request_id.empty()) {
-          absl::StatusOr<const Remembered*> seen =
-              RecallLocked(request.request_id, fingerprint);
-          if (!seen.ok()) return seen.status();
-          if (*seen != nullptr) {
-            ++stats_.idempotent_replays_total;
-            ReservationInfo replay =
-                std::get<ReservationInfo>((*seen)->result);
-            replay.replayed = true;
-            return replay;
-          }
+        if (std::optional<absl::StatusOr<ReservationInfo>> replay =
+                ReplayLocked<ReservationInfo>(request.request_id, fingerprint)) {
+          return *std::move(replay);
         }
         KVB_RETURN_IF_ERROR(CheckUsableLocked());
         if (mapping_.has_value() &&
             request.num_blocks > open_free_ + idle_usable_) {
-          mu_.Await(absl::Condition(
-              +[](std::optional<PageId>* m) { return !m->has_value(); },
-              &mapping_));
+          AwaitNoMappingLocked();
           continue;
         }
         absl::StatusOr<Plan> plan = PlanLocked(request.num_blocks, 0, nullptr);
@@ -952,16 +932,9 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       ExpireLocked(clock_->Now());
       const std::string fingerprint =
           request.request_id.empty() ? "" : FreeFingerprint(request);
-      if (!request.request_id.empty()) {
-        absl::StatusOr<const Remembered*> seen =
-            RecallLocked(request.request_id, fingerprint);
-        if (!seen.ok()) return seen.status();
-        if (*seen != nullptr) {
-          ++stats_.idempotent_replays_total;
-          FreeResult replay = std::get<FreeResult>((*seen)->result);
-          replay.replayed = true;
-          return replay;
-        }
+      if (std::optional<absl::StatusOr<FreeResult>> replay =
+              ReplayLocked<FreeResult>(request.request_id, fingerprint)) {
+        return *std::move(replay);
       }
       // Validate everything before changing anything.
       std::vector<BlockId> sorted = request.block_ids;
@@ -1214,6 +1187,24 @@ void PagePool::ExpireReservations() {
   NotifyIfChanged(before, after, prealloc);
 }
 
+void PagePool::AwaitNoMappingLocked() {
+  mu_.Await(absl::Condition(
+      +[](std::optional<PageId>* m) { return !m->has_value(); }, &mapping_));
+}
+
+template <typename T>
+std::optional<absl::StatusOr<T>> PagePool::ReplayLocked(
+    const std::string& request_id, const std::string& fingerprint) {
+  if (request_id.empty()) return std::nullopt;
+  absl::StatusOr<const Remembered*> seen = RecallLocked(request_id, fingerprint);
+  if (!seen.ok()) return absl::StatusOr<T>(seen.status());
+  if (*seen == nullptr) return std::nullopt;
+  ++stats_.idempotent_replays_total;
+  T replay = std::get<T>((*seen)->result);
+  replay.replayed = true;
+  return absl::StatusOr<T>(std::move(replay));
+}
+
 absl::StatusOr<const PagePool::Remembered*> PagePool::RecallLocked(
     const std::string& request_id, const std::string& fingerprint) {
   const absl::Time now = clock_->Now();
@@ -1289,9 +1280,7 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
                                                      : LimitOutcome::kConflict);
         }
       }
-      mu_.Await(absl::Condition(
-          +[](std::optional<PageId>* m) { return !m->has_value(); },
-          &mapping_));
+      AwaitNoMappingLocked();
       const int64_t per_page =
           geometry_.bundle_bytes().value() * geometry_.device_count();
       limit_bytes_ = limit_bytes;
@@ -1344,9 +1333,7 @@ absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
     before = generation_;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<TrimResult> {
       KVB_RETURN_IF_ERROR(CheckUsableLocked());
-      mu_.Await(absl::Condition(
-          +[](std::optional<PageId>* m) { return !m->has_value(); },
-          &mapping_));
+      AwaitNoMappingLocked();
       TrimResult out;
       while (!idle_.empty() && (max_pages <= 0 || out.pages_unmapped < max_pages)) {
         const PageId p = idle_.front();

@@ -489,6 +489,15 @@ class PagePool {
   absl::StatusOr<const Remembered*> RecallLocked(const std::string& request_id,
                                                  const std::string& fingerprint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The remembered outcome of `request_id` as a T (marked replayed), the
+  // REQUEST_ID_REUSED refusal, or nullopt when there is nothing to replay.
+  template <typename T>
+  std::optional<absl::StatusOr<T>> ReplayLocked(const std::string& request_id,
+                                                const std::string& fingerprint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (releasing mu_) until the prealloc worker's mapping, if any, ends:
+  // at most one page's driver calls.
+  void AwaitNoMappingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RememberLocked(const std::string& request_id, std::string fingerprint,
                       std::variant<AllocResult, FreeResult, ReservationInfo>
                           result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
