@@ -38,8 +38,11 @@ namespace {
 
 class PingService final : public bench::Ping::CallbackService {
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx,
-                                 const bench::PingRequest*,
-                                 bench::PingResponse*) override {
+                                 const bench::PingRequest* request,
+                                 bench::PingResponse* response) override {
+    if (request->reply_bytes() > 0) {
+      response->set_pad(std::string(request->reply_bytes(), 'x'));
+    }
     auto* r = ctx->DefaultReactor();
     r->Finish(grpc::Status::OK);
     return r;
@@ -136,6 +139,25 @@ int Main() {
     bench::PingResponse resp;
     if (!ping->Ping(&ctx, req, &resp).ok()) Die("ping");
   };
+  // A ping carrying Capacity's request and response sizes.
+  int64_t cap_request_bytes = 0, cap_response_bytes = 0;
+  {
+    grpc::ClientContext ctx;
+    v1::CapacityRequest req;
+    req.set_pool("bench");
+    v1::CapacityResponse resp;
+    if (!kvb->Capacity(&ctx, req, &resp).ok()) Die("capacity");
+    cap_request_bytes = static_cast<int64_t>(req.ByteSizeLong());
+    cap_response_bytes = static_cast<int64_t>(resp.ByteSizeLong());
+  }
+  auto do_sized_ping = [&] {
+    grpc::ClientContext ctx;
+    bench::PingRequest req;
+    req.set_pad(std::string(cap_request_bytes, 'x'));
+    req.set_reply_bytes(static_cast<int32_t>(cap_response_bytes));
+    bench::PingResponse resp;
+    if (!ping->Ping(&ctx, req, &resp).ok()) Die("sized ping");
+  };
   auto do_capacity = [&] {
     grpc::ClientContext ctx;
     v1::CapacityRequest req;
@@ -174,7 +196,7 @@ int Main() {
     std::string name;
     std::vector<double> p50, p99, ping50, ping99;
   };
-  std::vector<Series> series = {{"Capacity"},   {"Alloc(16)"},
+  std::vector<Series> series = {{"Capacity"},   {"sized ping"}, {"Alloc(16)"},
                                 {"Free(16)"},   {"Alloc(128)"},
                                 {"Free(128)"}};
   auto timed = [](const std::function<void()>& f) {
@@ -206,6 +228,14 @@ int Main() {
       }
       record(series[0], rpc, pings);
     }
+    {
+      std::vector<double> rpc, pings;
+      for (int i = 0; i < n; ++i) {
+        pings.push_back(timed(do_ping));
+        rpc.push_back(timed(do_sized_ping));
+      }
+      record(series[1], rpc, pings);
+    }
     for (int size : {16, 128}) {
       std::vector<double> a, f, pa, pf;
       for (int i = 0; i < n; ++i) {
@@ -214,7 +244,7 @@ int Main() {
         pf.push_back(timed(do_ping));
         f.push_back(timed(do_free));
       }
-      const int idx = size == 16 ? 1 : 3;
+      const int idx = size == 16 ? 2 : 4;
       record(series[idx], a, pa);
       record(series[idx + 1], f, pf);
     }
