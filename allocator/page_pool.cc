@@ -792,7 +792,8 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
         return InvalidField("num_blocks", "must not be negative");
       }
       KVB_RETURN_IF_ERROR(CheckUsableLocked());
-      const std::string fingerprint = AllocFingerprint(request);
+      const std::string fingerprint =
+          request.request_id.empty() ? "" : AllocFingerprint(request);
       for (;;) {
         ExpireLocked(clock_->Now());
         if (std::optional<absl::StatusOr<AllocResult>> replay =
@@ -872,7 +873,8 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
         return InvalidField("ttl", "must be positive");
       }
       KVB_RETURN_IF_ERROR(CheckUsableLocked());
-      const std::string fingerprint = ReserveFingerprint(request);
+      const std::string fingerprint =
+          request.request_id.empty() ? "" : ReserveFingerprint(request);
       for (;;) {
         ExpireLocked(clock_->Now());
         if (std::optional<absl::StatusOr<ReservationInfo>> replay =
