@@ -98,8 +98,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::GetPool(
   auto it = pools_.find(name);
   if (it == pools_.end()) {
     return MakeFailure(FailureReason::kPoolNotFound,
-                       absl::StrCat("no pool named ", name),
-                       {{"pool", name}});
+                       absl::StrCat("no pool named ", name), {{"pool", name}});
   }
   return it->second;
 }

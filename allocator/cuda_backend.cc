@@ -132,8 +132,7 @@ absl::Status CudaResultToStatus(int result, absl::string_view error_name,
                                 absl::string_view call, int device) {
   absl::StatusCode code;
   switch (static_cast<CUresult>(result)) {
-    case CUDA_SUCCESS:
-      return absl::OkStatus();
+    case CUDA_SUCCESS: return absl::OkStatus();
 
     case CUDA_ERROR_OUT_OF_MEMORY:
       code = absl::StatusCode::kResourceExhausted;
@@ -159,9 +158,7 @@ absl::Status CudaResultToStatus(int result, absl::string_view error_name,
     case CUDA_ERROR_DEINITIALIZED:
     case CUDA_ERROR_NOT_INITIALIZED:
     case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
-    case CUDA_ERROR_UNKNOWN:
-      code = absl::StatusCode::kInternal;
-      break;
+    case CUDA_ERROR_UNKNOWN: code = absl::StatusCode::kInternal; break;
 
     // A violated precondition: a bug in the caller.
     case CUDA_ERROR_INVALID_VALUE:

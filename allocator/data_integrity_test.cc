@@ -48,7 +48,8 @@ void RunChurn(int devices) {
   auto pool = PagePool::Create(c, tb->backend(), &budgets, &clock, o);
   ASSERT_TRUE(pool.ok()) << pool.status();
   PagePool& p = **pool;
-  const size_t stride = static_cast<size_t>(p.geometry().block_stride().value());
+  const size_t stride =
+      static_cast<size_t>(p.geometry().block_stride().value());
   const size_t words = stride / sizeof(uint64_t);
 
   std::map<BlockId, uint64_t> live;  // block -> epoch of its pattern

@@ -43,8 +43,8 @@ struct DeviceBudgetSnapshot {
   Bytes total;
   Bytes driver_free;  // at the last refresh
   Bytes headroom;
-  Bytes charged;      // bytes this broker holds on the device
-  Bytes budget;       // what pools may still map
+  Bytes charged;  // bytes this broker holds on the device
+  Bytes budget;   // what pools may still map
   int64_t refreshes = 0;
 };
 
@@ -87,7 +87,8 @@ class DeviceBudgets {
     int64_t refreshes = 0;
   };
 
-  int64_t BudgetLocked(const Device& d) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t BudgetLocked(const Device& d) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Backend* const backend_;
   const double utilization_;

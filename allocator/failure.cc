@@ -78,9 +78,7 @@ const ReasonInfo& Info(FailureReason reason) {
 
 }  // namespace
 
-absl::string_view ReasonName(FailureReason reason) {
-  return Info(reason).name;
-}
+absl::string_view ReasonName(FailureReason reason) { return Info(reason).name; }
 
 FailureReason ReasonFromName(absl::string_view name) {
   for (const ReasonInfo& info : kReasons) {

@@ -96,10 +96,10 @@ FailureReason GetReason(const absl::Status& status);
 // Formats an integer metadata value.
 std::string Num(int64_t v);
 
-#define KVB_RETURN_IF_ERROR(expr)                \
-  do {                                           \
-    ::absl::Status kvb_status_ = (expr);         \
-    if (!kvb_status_.ok()) return kvb_status_;   \
+#define KVB_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::absl::Status kvb_status_ = (expr);       \
+    if (!kvb_status_.ok()) return kvb_status_; \
   } while (0)
 
 }  // namespace kvbroker

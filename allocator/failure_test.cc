@@ -133,8 +133,8 @@ TEST(MakeFailureTest, MetadataWithAwkwardCharactersRoundTrips) {
       {"control", std::string("nul\0byte\x01\x7f", 10)},
       {"record_like", "R\tPOOL_FAILED\nM\tinjected\tvalue"},
   };
-  absl::Status s = MakeFailure(FailureReason::kPoolExhausted,
-                               "pool exhausted", metadata);
+  absl::Status s =
+      MakeFailure(FailureReason::kPoolExhausted, "pool exhausted", metadata);
   std::optional<Failure> f = GetFailure(s);
   ASSERT_TRUE(f.has_value());
   EXPECT_EQ(f->reason, FailureReason::kPoolExhausted);
@@ -222,8 +222,8 @@ absl::Status ReturnsEarly(absl::Status first, int* reached) {
 
 TEST(ReturnIfErrorTest, ReturnsTheErrorUnchanged) {
   int reached = 0;
-  absl::Status err = MakeFailure(FailureReason::kPoolNotFound, "gone",
-                                 {{"pool", "a"}});
+  absl::Status err =
+      MakeFailure(FailureReason::kPoolNotFound, "gone", {{"pool", "a"}});
   absl::Status got = ReturnsEarly(err, &reached);
   EXPECT_EQ(reached, 0);
   EXPECT_EQ(got, err);

@@ -140,8 +140,7 @@ absl::Status FaultInjectingBackend::Unmap(int device, uint64_t address,
   return target_->Unmap(device, address, size);
 }
 
-absl::Status FaultInjectingBackend::Release(int device,
-                                            PhysicalHandle handle) {
+absl::Status FaultInjectingBackend::Release(int device, PhysicalHandle handle) {
   if (absl::Status s = Intercept(BackendOp::kRelease, device); !s.ok()) {
     return s;
   }

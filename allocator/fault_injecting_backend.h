@@ -122,7 +122,8 @@ class FaultInjectingBackend final : public Backend {
 
   mutable absl::Mutex mu_;
   std::vector<ArmedRule> rules_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<int, MemoryInfo>> memory_overrides_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int, MemoryInfo>> memory_overrides_
+      ABSL_GUARDED_BY(mu_);
   // Live handles created through this wrapper: handle -> (device, bytes).
   absl::flat_hash_map<uint64_t, std::pair<int, int64_t>> live_
       ABSL_GUARDED_BY(mu_);

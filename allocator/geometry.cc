@@ -15,7 +15,9 @@ namespace {
 
 using i128 = __int128;
 
-int64_t CeilDiv(i128 a, i128 b) { return static_cast<int64_t>((a + b - 1) / b); }
+int64_t CeilDiv(i128 a, i128 b) {
+  return static_cast<int64_t>((a + b - 1) / b);
+}
 
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 128) return false;
@@ -38,8 +40,7 @@ Bytes Geometry::SmallestValidPageSize(Bytes block_bytes, Bytes granularity) {
 }
 
 absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
-                                          Bytes granularity,
-                                          int device_count) {
+                                          Bytes granularity, int device_count) {
   std::vector<FieldViolation> bad;
   if (!ValidName(config.name)) {
     bad.push_back({"name", "must be 1-128 characters of [A-Za-z0-9._-]"});
@@ -68,9 +69,9 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
     std::set<int> seen;
     for (int d : config.devices) {
       if (d < 0 || d >= device_count) {
-        bad.push_back({"devices", absl::StrCat("unknown device ", d, " (",
-                                               device_count,
-                                               " device(s) present)")});
+        bad.push_back(
+            {"devices", absl::StrCat("unknown device ", d, " (", device_count,
+                                     " device(s) present)")});
       } else if (!seen.insert(d).second) {
         bad.push_back({"devices", absl::StrCat("device ", d, " listed twice")});
       }
@@ -98,17 +99,16 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
     Bytes smallest = SmallestValidPageSize(config.block_bytes, granularity);
     return MakeFailure(
         FailureReason::kInvalidGeometry,
-        absl::StrCat("block_bytes (", HumanBytes(B),
-                     ") exceeds page_size (", HumanBytes(P),
-                     "); the smallest valid page size is ",
+        absl::StrCat("block_bytes (", HumanBytes(B), ") exceeds page_size (",
+                     HumanBytes(P), "); the smallest valid page size is ",
                      HumanBytes(smallest.value()), " (", smallest.value(),
                      " bytes)"),
         {{"block_bytes", Num(B)},
          {"page_size_bytes", Num(P)},
          {"granularity_bytes", Num(g)},
          {"min_page_size_bytes", Num(smallest.value())}},
-        {{"page_size", absl::StrCat("must be at least ",
-                                    HumanBytes(smallest.value()))}});
+        {{"page_size",
+          absl::StrCat("must be at least ", HumanBytes(smallest.value()))}});
   }
   if (P % g != 0) {
     int64_t lower = P / g * g;
@@ -133,9 +133,9 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
   if (virtual_bytes > kMaxVirtualBytesPerDevice) {
     return MakeFailure(
         FailureReason::kInvalidArgument,
-        absl::StrCat("the pool needs ", HumanBytes(static_cast<int64_t>(
-                                            std::min<i128>(virtual_bytes,
-                                                           INT64_MAX))),
+        absl::StrCat("the pool needs ",
+                     HumanBytes(static_cast<int64_t>(
+                         std::min<i128>(virtual_bytes, INT64_MAX))),
                      " of virtual address space per device; the limit is ",
                      HumanBytes(kMaxVirtualBytesPerDevice)),
         {{"field", "max_blocks"}},

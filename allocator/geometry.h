@@ -32,13 +32,13 @@ namespace kvbroker {
 // What a caller asks for when creating a pool.
 struct PoolConfig {
   std::string name;
-  Bytes page_size;                // P
-  Bytes block_bytes;              // B
-  int64_t tokens_per_block = 1;   // for reporting capacity in tokens
-  int64_t num_layers = 1;         // L
-  int64_t num_kv_buffers = 1;     // K
-  std::vector<int> devices = {0}; // one physical page per device per page id
-  int64_t max_blocks = 0;         // N
+  Bytes page_size;                 // P
+  Bytes block_bytes;               // B
+  int64_t tokens_per_block = 1;    // for reporting capacity in tokens
+  int64_t num_layers = 1;          // L
+  int64_t num_kv_buffers = 1;      // K
+  std::vector<int> devices = {0};  // one physical page per device per page id
+  int64_t max_blocks = 0;          // N
   bool reserve_null_block = false;
   // Per-pool prealloc bounds; negative means "the broker's default".
   int64_t min_idle_pages = -1;
@@ -90,9 +90,7 @@ class Geometry {
     return Bytes(page_count_ * bundle_bytes_.value());
   }
   // Byte offset of page p inside each device's range.
-  Bytes page_offset(PageId p) const {
-    return Bytes(p * bundle_bytes_.value());
-  }
+  Bytes page_offset(PageId p) const { return Bytes(p * bundle_bytes_.value()); }
 
   BlockRange range(PageId p) const;
   BlockCount usable(PageId p) const { return BlockCount(range(p).size()); }

@@ -53,9 +53,9 @@ std::vector<std::string> ViolatedFields(const absl::Status& s) {
 TEST(GeometryRangeTest, FourteenMiBPagesSixMiBBlocks) {
   Geometry g = MustCreate(Config(MiB(14), MiB(6), 15));
   EXPECT_EQ(g.page_count(), PageCount(7));  // ceil(90 / 14)
-  EXPECT_EQ(Ranges(g), (std::vector<BlockRange>{
-                           {0, 2}, {3, 4}, {5, 7}, {7, 9}, {10, 11}, {12, 14},
-                           {14, 15}}));
+  EXPECT_EQ(Ranges(g),
+            (std::vector<BlockRange>{
+                {0, 2}, {3, 4}, {5, 7}, {7, 9}, {10, 11}, {12, 14}, {14, 15}}));
   EXPECT_EQ(g.total_usable(), BlockCount(11));
   for (BlockId b : {2, 4, 9, 11}) EXPECT_FALSE(g.is_usable_block(b)) << b;
   for (BlockId b : {0, 1, 3, 5, 6, 7, 8, 10, 12, 13, 14}) {
@@ -94,8 +94,7 @@ TEST(GeometryRangeTest, LastPageClippedToNothing) {
 
 TEST(GeometryRangeTest, BlockEqualToPage) {
   Geometry g = MustCreate(Config(MiB(4), MiB(4), 3));
-  EXPECT_EQ(Ranges(g),
-            (std::vector<BlockRange>{{0, 1}, {1, 2}, {2, 3}}));
+  EXPECT_EQ(Ranges(g), (std::vector<BlockRange>{{0, 1}, {1, 2}, {2, 3}}));
   EXPECT_EQ(g.page_of(2), 2);
 }
 
@@ -140,17 +139,17 @@ TEST(GeometryRangeTest, IsUsableBlockRejectsOutOfRangeIds) {
 // page, and range(p) is exactly the usable blocks whose first byte is on p.
 TEST(GeometryRangeTest, MatchesBruteForceOverManyGeometries) {
   const std::vector<int64_t> pages_mib = {2, 4, 6, 8, 14};
-  const std::vector<int64_t> blocks_kib = {1,    3,    16,   500,  768, 1000,
-                                           1024, 1536, 2047, 2048, 3000, 6144,
-                                           7000, 8192, 14336};
+  const std::vector<int64_t> blocks_kib = {1,    3,    16,   500,  768,
+                                           1000, 1024, 1536, 2047, 2048,
+                                           3000, 6144, 7000, 8192, 14336};
   int checked = 0;
   for (int64_t pm : pages_mib) {
     for (int64_t bk : blocks_kib) {
       const int64_t P = pm * kMiB, B = bk * kKiB;
       if (B > P) continue;
       for (int64_t n : {1, 2, 7, 37, 100}) {
-        SCOPED_TRACE(testing::Message() << "P=" << pm << "MiB B=" << bk
-                                        << "KiB N=" << n);
+        SCOPED_TRACE(testing::Message()
+                     << "P=" << pm << "MiB B=" << bk << "KiB N=" << n);
         Geometry g = MustCreate(Config(Bytes(P), Bytes(B), n));
         const int64_t T = (n * B + P - 1) / P;
         ASSERT_EQ(g.page_count(), PageCount(T));
@@ -205,8 +204,7 @@ TEST(GeometrySizesTest, SmallestValidPageSize) {
   EXPECT_EQ(Geometry::SmallestValidPageSize(MiB(3), MiB(2)), MiB(4));
   EXPECT_EQ(Geometry::SmallestValidPageSize(MiB(2), MiB(2)), MiB(2));
   EXPECT_EQ(Geometry::SmallestValidPageSize(Bytes(1), MiB(2)), MiB(2));
-  EXPECT_EQ(Geometry::SmallestValidPageSize(MiB(2) + Bytes(1), MiB(2)),
-            MiB(4));
+  EXPECT_EQ(Geometry::SmallestValidPageSize(MiB(2) + Bytes(1), MiB(2)), MiB(4));
   EXPECT_EQ(Geometry::SmallestValidPageSize(MiB(15), MiB(2)), MiB(16));
 }
 
@@ -279,8 +277,7 @@ struct BadConfigCase {
 
 TEST(GeometryValidationTest, MalformedFieldsNameTheField) {
   const std::vector<BadConfigCase> cases = {
-      {"zero page", [](PoolConfig& c) { c.page_size = Bytes(0); },
-       "page_size"},
+      {"zero page", [](PoolConfig& c) { c.page_size = Bytes(0); }, "page_size"},
       {"negative page", [](PoolConfig& c) { c.page_size = MiB(-2); },
        "page_size"},
       {"zero block", [](PoolConfig& c) { c.block_bytes = Bytes(0); },
@@ -302,9 +299,15 @@ TEST(GeometryValidationTest, MalformedFieldsNameTheField) {
       {"65 buffers", [](PoolConfig& c) { c.num_kv_buffers = 65; },
        "num_kv_buffers"},
       {"no devices", [](PoolConfig& c) { c.devices.clear(); }, "devices"},
-      {"duplicate device", [](PoolConfig& c) { c.devices = {0, 1, 0}; },
+      {"duplicate device",
+       [](PoolConfig& c) {
+         c.devices = {0, 1, 0};
+       },
        "devices"},
-      {"unknown device", [](PoolConfig& c) { c.devices = {0, 2}; },
+      {"unknown device",
+       [](PoolConfig& c) {
+         c.devices = {0, 2};
+       },
        "devices"},
       {"negative device", [](PoolConfig& c) { c.devices = {-1}; }, "devices"},
       {"empty name", [](PoolConfig& c) { c.name = ""; }, "name"},
@@ -318,8 +321,8 @@ TEST(GeometryValidationTest, MalformedFieldsNameTheField) {
     SCOPED_TRACE(bad.label);
     PoolConfig c = Config(MiB(2), MiB(1), 10);
     bad.mutate(c);
-    absl::Status s = Geometry::Create(c, kGranularity, /*device_count=*/2)
-                         .status();
+    absl::Status s =
+        Geometry::Create(c, kGranularity, /*device_count=*/2).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_EQ(GetReason(s), FailureReason::kInvalidArgument) << s;
     EXPECT_EQ(ViolatedFields(s), (std::vector<std::string>{bad.field})) << s;
@@ -350,9 +353,9 @@ TEST(GeometryValidationTest, EveryMalformedFieldIsReported) {
   EXPECT_EQ(GetReason(s), FailureReason::kInvalidArgument);
   std::vector<std::string> fields = ViolatedFields(s);
   std::sort(fields.begin(), fields.end());
-  EXPECT_EQ(fields, (std::vector<std::string>{"block_bytes", "devices",
-                                              "max_blocks", "name",
-                                              "page_size"}));
+  EXPECT_EQ(fields,
+            (std::vector<std::string>{"block_bytes", "devices", "max_blocks",
+                                      "name", "page_size"}));
 }
 
 TEST(GeometryValidationTest, ConfigIsKept) {

@@ -48,8 +48,7 @@ absl::Status HostBackend::CheckDevice(int device) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<VirtualRange> HostBackend::ReserveRange(int device,
-                                                       Bytes size) {
+absl::StatusOr<VirtualRange> HostBackend::ReserveRange(int device, Bytes size) {
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   const size_t align = options_.granularity.value();
   const size_t want = size.value();
@@ -83,8 +82,8 @@ absl::StatusOr<PhysicalHandle> HostBackend::Create(int device, Bytes size) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "device ", device, " out of memory: ", size.value(),
           " bytes requested, ",
-          std::max<int64_t>(0, d.total.value() - d.created.value() -
-                                   d.external.value()),
+          std::max<int64_t>(
+              0, d.total.value() - d.created.value() - d.external.value()),
           " free"));
     }
     d.created += size;

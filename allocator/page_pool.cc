@@ -70,14 +70,17 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
   absl::StatusOr<Geometry> geometry =
       Geometry::Create(config, granularity, backend->device_count());
   if (!geometry.ok()) return geometry.status();
-  if (config.min_idle_pages >= 0) options.min_idle_pages = config.min_idle_pages;
-  if (config.max_idle_pages >= 0) options.max_idle_pages = config.max_idle_pages;
+  if (config.min_idle_pages >= 0) {
+    options.min_idle_pages = config.min_idle_pages;
+  }
+  if (config.max_idle_pages >= 0) {
+    options.max_idle_pages = config.max_idle_pages;
+  }
   if (options.min_idle_pages > options.max_idle_pages) {
     options.max_idle_pages = options.min_idle_pages;
   }
-  std::unique_ptr<PagePool> pool(new PagePool(*std::move(geometry), backend,
-                                              budgets, clock,
-                                              std::move(options)));
+  std::unique_ptr<PagePool> pool(new PagePool(
+      *std::move(geometry), backend, budgets, clock, std::move(options)));
   if (absl::Status s = pool->Init(); !s.ok()) return s;
   return pool;
 }
@@ -156,8 +159,8 @@ absl::Status PagePool::Shutdown(bool force) {
   if (!force && (allocated_ > 0 || reserved_ > 0)) {
     return MakeFailure(
         FailureReason::kPoolNotEmpty,
-        absl::StrCat("pool ", name(), " holds ", allocated_,
-                     " allocated and ", reserved_,
+        absl::StrCat("pool ", name(), " holds ", allocated_, " allocated and ",
+                     reserved_,
                      " reserved blocks; free them or delete with force"),
         {{"pool", name()},
          {"allocated_blocks", Num(allocated_)},
@@ -175,11 +178,12 @@ absl::Status PagePool::Shutdown(bool force) {
     }
   }
   for (size_t i = 0; i < ranges_.size(); ++i) {
-    if (leaked == 0) (void)backend_->FreeRange(geometry_.devices()[i], ranges_[i]);
+    if (leaked == 0)
+      (void)backend_->FreeRange(geometry_.devices()[i], ranges_[i]);
   }
   if (leaked > 0) {
-    return absl::InternalError(absl::StrCat(
-        "pool ", name(), ": ", leaked, " page(s) could not be unmapped"));
+    return absl::InternalError(absl::StrCat("pool ", name(), ": ", leaked,
+                                            " page(s) could not be unmapped"));
   }
   return absl::OkStatus();
 }
@@ -216,8 +220,7 @@ void PagePool::DetachMappedLocked(PageId p) {
       // removing them from it themselves.
       idle_usable_ -= page.usable;
       break;
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -339,11 +342,10 @@ absl::Status PagePool::CheckUsableLocked() const {
                        {{"pool", name()}});
   }
   if (failed_) {
-    return MakeFailure(
-        FailureReason::kPoolFailed,
-        absl::StrCat("pool ", name(), " has failed: ", failure_,
-                     "; delete and recreate it"),
-        {{"pool", name()}, {"failure", failure_}});
+    return MakeFailure(FailureReason::kPoolFailed,
+                       absl::StrCat("pool ", name(), " has failed: ", failure_,
+                                    "; delete and recreate it"),
+                       {{"pool", name()}, {"failure", failure_}});
   }
   return absl::OkStatus();
 }
@@ -391,8 +393,8 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
       PageCount(state_pages_[StateIndex(PageState::kReclaimed)]);
   c.pages_empty = PageCount(state_pages_[StateIndex(PageState::kEmpty)]);
   const int64_t devices = geometry_.device_count();
-  c.mapped_bytes = Bytes(MappedPagesLocked() *
-                         geometry_.bundle_bytes().value() * devices);
+  c.mapped_bytes =
+      Bytes(MappedPagesLocked() * geometry_.bundle_bytes().value() * devices);
   c.virtual_bytes = geometry_.virtual_bytes_per_device() * devices;
   for (int d : geometry_.devices()) c.devices.push_back(budgets_->Snapshot(d));
   c.limit = LimitInfoLocked();
@@ -405,8 +407,8 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
       PageInfo info;
       info.page_id = p;
       info.usable_blocks = BlockCount(page.usable);
-      info.free_blocks = BlockCount(IsMapped(page.state) ? page.free
-                                                         : page.usable);
+      info.free_blocks =
+          BlockCount(IsMapped(page.state) ? page.free : page.usable);
       info.allocated_blocks = BlockCount(page.allocated);
       info.reserved_blocks = BlockCount(page.reserved);
       info.state = page.state;
@@ -445,8 +447,9 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
   const int64_t affordable = AffordableLocked();
   const int64_t available = mapped_supply + free_.PrefixSum(affordable);
 
-  auto refuse = [&](FailureReason reason, std::string message,
-                    FailureMetadata md) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+  auto refuse =
+      [&](FailureReason reason, std::string message, FailureMetadata md)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     md["pool"] = name();
     md["requested_blocks"] = Num(requested);
     md["available_blocks"] = Num(available);
@@ -470,11 +473,11 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
   };
 
   if (requested > total) {
-    return refuse(FailureReason::kRequestTooLarge,
-                  absl::StrCat("requested ", requested,
-                               " blocks; pool ", name(), " can hold at most ",
-                               total, " blocks under its limit"),
-                  {});
+    return refuse(
+        FailureReason::kRequestTooLarge,
+        absl::StrCat("requested ", requested, " blocks; pool ", name(),
+                     " can hold at most ", total, " blocks under its limit"),
+        {});
   }
   const int64_t beyond = need - mapped_supply;
   if (limit_state_ == LimitState::kDeferred) {
@@ -491,8 +494,7 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
   if (pages > static_cast<int64_t>(free_.size())) {
     return refuse(FailureReason::kPoolExhausted,
                   absl::StrCat("requested ", requested, " blocks; pool ",
-                               name(), " has ", available,
-                               " available now"),
+                               name(), " has ", available, " available now"),
                   {});
   }
   if (pages > affordable ||
@@ -506,13 +508,12 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
       md[absl::StrCat("device_", d, "_budget_bytes")] =
           Num(budgets_->Snapshot(d).budget.value());
     }
-    return refuse(FailureReason::kGpuMemoryExhausted,
-                  absl::StrCat("requested ", requested, " blocks; pool ",
-                               name(), " has ", available,
-                               " available: the devices can afford ",
-                               affordable, " more page(s), ", pages,
-                               " needed"),
-                  std::move(md));
+    return refuse(
+        FailureReason::kGpuMemoryExhausted,
+        absl::StrCat("requested ", requested, " blocks; pool ", name(), " has ",
+                     available, " available: the devices can afford ",
+                     affordable, " more page(s), ", pages, " needed"),
+        std::move(md));
   }
   plan.new_pages = pages;  // charged
   return plan;
@@ -606,9 +607,10 @@ absl::Status PagePool::MappingErrorLocked(const MapOutcome& outcome,
                                           int64_t requested) {
   ++stats_.map_failures_total;
   (void)budgets_->RefreshAll();
-  FailureMetadata md = {{"pool", name()},
-                        {"requested_blocks", Num(requested)},
-                        {"driver_error", std::string(outcome.status.message())}};
+  FailureMetadata md = {
+      {"pool", name()},
+      {"requested_blocks", Num(requested)},
+      {"driver_error", std::string(outcome.status.message())}};
   for (int d : geometry_.devices()) {
     DeviceBudgetSnapshot s = budgets_->Snapshot(d);
     md[absl::StrCat("device_", d, "_free_bytes")] = Num(s.driver_free.value());
@@ -634,8 +636,7 @@ absl::Status PagePool::MappingErrorLocked(const MapOutcome& outcome,
   }
   return MakeFailure(FailureReason::kMappingFailed,
                      absl::StrCat("mapping failed for pool ", name(),
-                                  " (rolled back): ",
-                                  outcome.status.message()),
+                                  " (rolled back): ", outcome.status.message()),
                      std::move(md));
 }
 
@@ -744,9 +745,9 @@ absl::StatusOr<std::vector<BlockId>> PagePool::AcquireLocked(
   }
   if (need != 0) {
     // PlanLocked guaranteed the supply; reaching here is a bug.
-    MarkFailedLocked(absl::StrCat("internal error: acquisition short by ",
-                                  need, " blocks"),
-                     /*device_lost=*/false);
+    MarkFailedLocked(
+        absl::StrCat("internal error: acquisition short by ", need, " blocks"),
+        /*device_lost=*/false);
     return absl::InternalError("acquisition short of its plan");
   }
   if (owner == BlockOwner::kReserved) {
@@ -787,7 +788,8 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
-    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<AllocResult> {
+    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                 mu_) -> absl::StatusOr<AllocResult> {
       if (request.num_blocks < 0) {
         return InvalidField("num_blocks", "must not be negative");
       }
@@ -809,8 +811,8 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
                            ", not ", *request.expected_generation,
                            "; re-read capacity"),
               {{"pool", name()},
-               {"expected_generation", absl::StrCat(
-                                           *request.expected_generation)},
+               {"expected_generation",
+                absl::StrCat(*request.expected_generation)},
                {"current_generation", absl::StrCat(generation_)}});
         }
         Reservation* reservation = nullptr;
@@ -865,7 +867,8 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
-    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<ReservationInfo> {
+    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                 mu_) -> absl::StatusOr<ReservationInfo> {
       if (request.num_blocks <= 0) {
         return InvalidField("num_blocks", "must be positive");
       }
@@ -878,7 +881,8 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
       for (;;) {
         ExpireLocked(clock_->Now());
         if (std::optional<absl::StatusOr<ReservationInfo>> replay =
-                ReplayLocked<ReservationInfo>(request.request_id, fingerprint)) {
+                ReplayLocked<ReservationInfo>(request.request_id,
+                                              fingerprint)) {
           return *std::move(replay);
         }
         KVB_RETURN_IF_ERROR(CheckUsableLocked());
@@ -929,7 +933,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
-    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
+    result =
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
       if (shut_down_) return CheckUsableLocked();
       ExpireLocked(clock_->Now());
       const std::string fingerprint =
@@ -947,8 +952,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
             FailureReason::kInvalidArgument,
             absl::StrCat("block ", *dup, " is named more than once"),
             {{"field", "block_ids"}, {"block_id", Num(*dup)}},
-            {{"block_ids", absl::StrCat("block ", *dup,
-                                        " is named more than once")}});
+            {{"block_ids",
+              absl::StrCat("block ", *dup, " is named more than once")}});
       }
       std::vector<BlockId> not_allocated, in_reservation;
       for (BlockId b : request.block_ids) {
@@ -961,8 +966,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         }
       }
       auto first_ids = [](const std::vector<BlockId>& ids) {
-        std::vector<BlockId> head(ids.begin(),
-                                  ids.begin() + std::min<size_t>(ids.size(), 16));
+        std::vector<BlockId> head(
+            ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 16));
         return absl::StrJoin(head, ",");
       };
       if (!not_allocated.empty()) {
@@ -1032,9 +1037,8 @@ void PagePool::OnPageEmptiedLocked(PageId p, int64_t* unmapped) {
   // The page is detached from every index and holds only free blocks.
   const bool over_limit =
       MappedPagesLocked() + static_cast<int64_t>(free_.size()) > target_pages_;
-  if (failed_ || (!over_limit &&
-                  static_cast<int64_t>(idle_.size()) <
-                      options_.max_idle_pages)) {
+  if (failed_ || (!over_limit && static_cast<int64_t>(idle_.size()) <
+                                     options_.max_idle_pages)) {
     AttachMappedLocked(p);  // -> IDLE
     idle_.push_back(p);
     return;
@@ -1068,10 +1072,10 @@ void PagePool::SettleLimitLocked() {
 void PagePool::AdmitReclaimedLocked() {
   // Reclaimed ids come back before every other FREE page, in their order.
   std::vector<PageId> back;
-  while (!reclaimed_.empty() &&
-         MappedPagesLocked() + static_cast<int64_t>(free_.size()) +
-                 static_cast<int64_t>(back.size()) <
-             target_pages_) {
+  while (!reclaimed_.empty() && MappedPagesLocked() +
+                                        static_cast<int64_t>(free_.size()) +
+                                        static_cast<int64_t>(back.size()) <
+                                    target_pages_) {
     back.push_back(reclaimed_.front());
     reclaimed_.pop_front();
   }
@@ -1090,7 +1094,8 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
-    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<ReleaseResult> {
+    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                 mu_) -> absl::StatusOr<ReleaseResult> {
       if (shut_down_) return CheckUsableLocked();
       ExpireLocked(clock_->Now());
       Reservation* r = nullptr;
@@ -1148,10 +1153,9 @@ absl::Status PagePool::FindReservationLocked(const std::string& id,
                                     "the pool"),
                        {{"pool", name()}, {"reservation_id", id}});
   }
-  return MakeFailure(
-      FailureReason::kReservationNotFound,
-      absl::StrCat("no reservation ", id, " in pool ", name()),
-      {{"pool", name()}, {"reservation_id", id}});
+  return MakeFailure(FailureReason::kReservationNotFound,
+                     absl::StrCat("no reservation ", id, " in pool ", name()),
+                     {{"pool", name()}, {"reservation_id", id}});
 }
 
 void PagePool::ExpireLocked(absl::Time now) {
@@ -1198,7 +1202,8 @@ template <typename T>
 std::optional<absl::StatusOr<T>> PagePool::ReplayLocked(
     const std::string& request_id, const std::string& fingerprint) {
   if (request_id.empty()) return std::nullopt;
-  absl::StatusOr<const Remembered*> seen = RecallLocked(request_id, fingerprint);
+  absl::StatusOr<const Remembered*> seen =
+      RecallLocked(request_id, fingerprint);
   if (!seen.ok()) return absl::StatusOr<T>(seen.status());
   if (*seen == nullptr) return std::nullopt;
   ++stats_.idempotent_replays_total;
@@ -1211,8 +1216,7 @@ absl::StatusOr<const PagePool::Remembered*> PagePool::RecallLocked(
     const std::string& request_id, const std::string& fingerprint) {
   const absl::Time now = clock_->Now();
   while (!remembered_order_.empty() &&
-         (remembered_order_.front().first + options_.idempotency_window <
-              now ||
+         (remembered_order_.front().first + options_.idempotency_window < now ||
           static_cast<int64_t>(remembered_order_.size()) >
               options_.idempotency_capacity)) {
     remembered_.erase(remembered_order_.front().second);
@@ -1238,8 +1242,8 @@ void PagePool::RememberLocked(
     const std::string& request_id, std::string fingerprint,
     std::variant<AllocResult, FreeResult, ReservationInfo> result) {
   const absl::Time now = clock_->Now();
-  remembered_[request_id] = Remembered{std::move(fingerprint),
-                                       std::move(result), now};
+  remembered_[request_id] =
+      Remembered{std::move(fingerprint), std::move(result), now};
   remembered_order_.push_back({now, request_id});
 }
 
@@ -1254,23 +1258,25 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
-    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<LimitResult> {
+    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                 mu_) -> absl::StatusOr<LimitResult> {
       if (limit_bytes.value() < 0) {
         return InvalidField("limit_bytes", "must not be negative");
       }
       if (revision < 0) return InvalidField("revision", "must not be negative");
       if (shut_down_) return CheckUsableLocked();
       ExpireLocked(clock_->Now());
-      auto current = [&](LimitOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        LimitResult r;
-        r.outcome = outcome;
-        r.limit = LimitInfoLocked();
-        r.mapped_bytes = Bytes(MappedPagesLocked() *
-                               geometry_.bundle_bytes().value() *
-                               geometry_.device_count());
-        r.generation = generation_;
-        return r;
-      };
+      auto current =
+          [&](LimitOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            LimitResult r;
+            r.outcome = outcome;
+            r.limit = LimitInfoLocked();
+            r.mapped_bytes =
+                Bytes(MappedPagesLocked() * geometry_.bundle_bytes().value() *
+                      geometry_.device_count());
+            r.generation = generation_;
+            return r;
+          };
       auto state_outcome = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return limit_state_ == LimitState::kDeferred ? LimitOutcome::kDeferred
                                                      : LimitOutcome::kApplied;
@@ -1333,11 +1339,13 @@ absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
-    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<TrimResult> {
+    result =
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<TrimResult> {
       KVB_RETURN_IF_ERROR(CheckUsableLocked());
       AwaitNoMappingLocked();
       TrimResult out;
-      while (!idle_.empty() && (max_pages <= 0 || out.pages_unmapped < max_pages)) {
+      while (!idle_.empty() &&
+             (max_pages <= 0 || out.pages_unmapped < max_pages)) {
         const PageId p = idle_.front();
         if (pages_[p].allocated > 0) break;  // the null block's page stays
         idle_.pop_front();
@@ -1370,9 +1378,9 @@ absl::StatusOr<std::vector<PageOccupancy>> PagePool::GetPageOccupancy(
   out.reserve(page_ids.size());
   for (PageId p : page_ids) {
     if (p < 0 || p >= static_cast<PageId>(pages_.size())) {
-      return InvalidField("page_ids",
-                          absl::StrCat("page ", p, " is outside [0, ",
-                                       pages_.size(), ")"));
+      return InvalidField(
+          "page_ids",
+          absl::StrCat("page ", p, " is outside [0, ", pages_.size(), ")"));
     }
     const Page& page = pages_[p];
     PageOccupancy o;
@@ -1456,8 +1464,7 @@ std::vector<PageBlocks> PagePool::GroupByPage(
 
 void PagePool::BumpGenerationLocked() { ++generation_; }
 
-void PagePool::NotifyIfChanged(uint64_t before, uint64_t after,
-                               bool prealloc) {
+void PagePool::NotifyIfChanged(uint64_t before, uint64_t after, bool prealloc) {
   if (after != before && options_.on_change) options_.on_change(name());
   if (prealloc && options_.on_prealloc_needed) options_.on_prealloc_needed();
 }
@@ -1514,8 +1521,8 @@ absl::Status PagePool::CheckInvariantsLocked() const {
     for (BlockId b = r.begin; b < r.end; ++b) {
       const bool bit = (free_bits_[b >> 6] >> (b & 63)) & 1;
       free_bits += bit;
-      alloc_owned += owner_[b] == BlockOwner::kAllocated ||
-                     owner_[b] == BlockOwner::kNull;
+      alloc_owned +=
+          owner_[b] == BlockOwner::kAllocated || owner_[b] == BlockOwner::kNull;
       res_owned += owner_[b] == BlockOwner::kReserved;
       if (bit && owner_[b] != BlockOwner::kNone) {
         return fail("block ", b, " is free and owned");
@@ -1556,7 +1563,8 @@ absl::Status PagePool::CheckInvariantsLocked() const {
     }
   }
   if (by_state != state_pages_) return fail("page state counts");
-  if (open_free != open_free_) return fail("open_free ", open_free, " vs ", open_free_);
+  if (open_free != open_free_)
+    return fail("open_free ", open_free, " vs ", open_free_);
   if (idle_usable != idle_usable_) return fail("idle_usable");
   if (reclaimed_usable != reclaimed_usable_) return fail("reclaimed_usable");
   if (allocated - null_blocks_ != allocated_) return fail("allocated");

@@ -118,11 +118,11 @@ const char* LimitOutcomeName(LimitOutcome o);
 
 struct LimitInfo {
   LimitState state = LimitState::kNone;
-  Bytes limit_bytes;        // as requested
-  int64_t revision = -1;    // -1 until the first SetMemoryLimit
-  PageCount target_pages;   // min(floor(limit / (bundle * devices)), T)
-  Bytes effective_bytes;    // target_pages * bundle * devices
-  Bytes overage_bytes;      // max(0, mapped - effective) while DEFERRED
+  Bytes limit_bytes;       // as requested
+  int64_t revision = -1;   // -1 until the first SetMemoryLimit
+  PageCount target_pages;  // min(floor(limit / (bundle * devices)), T)
+  Bytes effective_bytes;   // target_pages * bundle * devices
+  Bytes overage_bytes;     // max(0, mapped - effective) while DEFERRED
 };
 
 struct PageInfo {
@@ -172,8 +172,8 @@ struct PageBlocks {
 
 struct AllocRequest {
   int64_t num_blocks = 0;
-  std::string request_id;                 // empty: no idempotency
-  std::string reservation_id;             // empty: none
+  std::string request_id;      // empty: no idempotency
+  std::string reservation_id;  // empty: none
   std::optional<uint64_t> expected_generation;
 };
 
@@ -181,7 +181,7 @@ struct AllocResult {
   std::vector<PageBlocks> pages;  // ascending page id
   int64_t num_blocks = 0;
   uint64_t generation = 0;
-  bool replayed = false;  // a retry answered from the idempotency window
+  bool replayed = false;     // a retry answered from the idempotency window
   int64_t pages_mapped = 0;  // pages this call mapped
 };
 
@@ -392,8 +392,8 @@ class PagePool {
   // before anything is mapped.
   struct Plan {
     int64_t from_reservation = 0;
-    int64_t from_pool = 0;       // OPEN + IDLE (+ fresh) pages
-    int64_t new_pages = 0;       // FREE pages to map, front first
+    int64_t from_pool = 0;  // OPEN + IDLE (+ fresh) pages
+    int64_t new_pages = 0;  // FREE pages to map, front first
   };
 
   // A mapping's result: `status` of the failed step and whether every step
@@ -498,9 +498,10 @@ class PagePool {
   // Waits (releasing mu_) until the prealloc worker's mapping, if any, ends:
   // at most one page's driver calls.
   void AwaitNoMappingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RememberLocked(const std::string& request_id, std::string fingerprint,
-                      std::variant<AllocResult, FreeResult, ReservationInfo>
-                          result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberLocked(
+      const std::string& request_id, std::string fingerprint,
+      std::variant<AllocResult, FreeResult, ReservationInfo> result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -566,8 +567,7 @@ class PagePool {
   std::deque<std::string> expired_order_ ABSL_GUARDED_BY(mu_);
   uint64_t next_reservation_ ABSL_GUARDED_BY(mu_) = 1;
 
-  absl::flat_hash_map<std::string, Remembered> remembered_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Remembered> remembered_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<absl::Time, std::string>> remembered_order_
       ABSL_GUARDED_BY(mu_);
 

@@ -185,8 +185,7 @@ TEST_F(PagePoolTest, ShutdownRefusesNonEmptyThenReleasesEverything) {
   EXPECT_TRUE(pool->Shutdown(true).ok());
   EXPECT_EQ(host_.live_handles(), 0);
   EXPECT_EQ(budgets_.Snapshot(0).charged.value(), 0);
-  EXPECT_EQ(GetReason(pool->Capacity().status()),
-            FailureReason::kPoolNotFound);
+  EXPECT_EQ(GetReason(pool->Capacity().status()), FailureReason::kPoolNotFound);
 }
 
 TEST_F(PagePoolTest, MaxIdleKeepsFreedPagesMapped) {

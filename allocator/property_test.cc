@@ -51,8 +51,8 @@ namespace {
 using reference::MLimitOutcome;
 using reference::MLimitResult;
 using reference::MLimitState;
-using reference::MOutcome;
 using reference::ModelConfig;
+using reference::MOutcome;
 using reference::MPage;
 using reference::ReferenceModel;
 
@@ -98,9 +98,8 @@ Geo RandomGeo(std::mt19937_64& rng) {
   } else if (mode < 50) {
     // Divisible: P / 2^k, or P / d for a small d that divides P.
     static const int64_t kDivisors[] = {3, 5, 6, 7, 9, 12, 24, 48};
-    int64_t d = Uniform(rng, 0, 1) == 0
-                    ? (int64_t{1} << Uniform(rng, 0, 11))
-                    : kDivisors[Uniform(rng, 0, 7)];
+    int64_t d = Uniform(rng, 0, 1) == 0 ? (int64_t{1} << Uniform(rng, 0, 11))
+                                        : kDivisors[Uniform(rng, 0, 7)];
     g.B = (g.P % d == 0 && g.P / d >= kKiB) ? g.P / d : g.P;
   } else if (mode < 75) {
     g.B = Uniform(rng, g.P / 3, g.P);  // few blocks per page, many straddle
@@ -245,8 +244,8 @@ class PropertyRun {
     }
     if (!err.empty()) {
       return absl::StrCat("seed ", seed_, ": ", g_.ToString(), "\n  at step ",
-                          step_, ": ", err, "\n  model: ",
-                          model_ ? model_->DebugString() : "-",
+                          step_, ": ", err,
+                          "\n  model: ", model_ ? model_->DebugString() : "-",
                           "\n  operations:\n", Log());
     }
     return "";
@@ -283,7 +282,8 @@ class PropertyRun {
     po.min_idle_pages = g_.min_idle;
     po.max_idle_pages = g_.max_idle;
     auto pool = PagePool::Create(pc, fault_.get(), budgets_.get(), &clock_, po);
-    if (!pool.ok()) return absl::StrCat("PagePool::Create: ", pool.status().ToString());
+    if (!pool.ok())
+      return absl::StrCat("PagePool::Create: ", pool.status().ToString());
     pool_ = std::move(*pool);
     ModelConfig mc;
     mc.page_size = g_.P;
@@ -364,9 +364,9 @@ class PropertyRun {
       }
       if (pi.page_id >= 0 && pi.page_id < T &&
           pi.state != ToCore(m.page_state(pi.page_id))) {
-        err << "page " << pi.page_id << " state "
-            << PageStateName(pi.state) << " model "
-            << reference::MPageName(m.page_state(pi.page_id)) << "; ";
+        err << "page " << pi.page_id << " state " << PageStateName(pi.state)
+            << " model " << reference::MPageName(m.page_state(pi.page_id))
+            << "; ";
       }
     }
     std::vector<int64_t> m_idle(m.idle_list().begin(), m.idle_list().end());
@@ -380,12 +380,12 @@ class PropertyRun {
           << "; ";
     }
     if (free_pages != m_free) {
-      err << "FREE list: core " << Ids(free_pages) << " model "
-          << Ids(m_free) << "; ";
+      err << "FREE list: core " << Ids(free_pages) << " model " << Ids(m_free)
+          << "; ";
     }
     if (open != m_open) err << "OPEN pages or their free counts differ; ";
-    eq("FREE pages counted",
-       counted, std::min<int64_t>(m.Affordable(), m_free.size()));
+    eq("FREE pages counted", counted,
+       std::min<int64_t>(m.Affordable(), m_free.size()));
 
     if (absl::Status inv = pool_->CheckInvariants(); !inv.ok()) {
       err << "CheckInvariants: " << inv.ToString() << "; ";
@@ -400,8 +400,8 @@ class PropertyRun {
     {
       const uint64_t gen = pool_->generation();
       const int64_t maps = fault_->map_calls();
-      const int64_t unmaps = fault_->calls(BackendOp::kUnmap) +
-                             fault_->calls(BackendOp::kRelease);
+      const int64_t unmaps =
+          fault_->calls(BackendOp::kUnmap) + fault_->calls(BackendOp::kRelease);
       AllocRequest req;
       req.num_blocks = c + 1;
       auto r = pool_->Alloc(req);
@@ -411,15 +411,18 @@ class PropertyRun {
         return absl::StrCat("C14: Alloc(c+1) with c=", c, " succeeded");
       }
       if (!IsCapacityReason(GetReason(r.status()))) {
-        return absl::StrCat("C14: Alloc(c+1) refused with a non-capacity "
-                            "reason: ", ReasonOf(r.status()));
+        return absl::StrCat(
+            "C14: Alloc(c+1) refused with a non-capacity "
+            "reason: ",
+            ReasonOf(r.status()));
       }
       if (fault_->map_calls() != maps) {
-        return absl::StrCat("C14: Alloc(c+1) made ",
-                            fault_->map_calls() - maps, " map calls");
+        return absl::StrCat("C14: Alloc(c+1) made ", fault_->map_calls() - maps,
+                            " map calls");
       }
       if (fault_->calls(BackendOp::kUnmap) +
-              fault_->calls(BackendOp::kRelease) != unmaps) {
+              fault_->calls(BackendOp::kRelease) !=
+          unmaps) {
         return "C14: refused Alloc(c+1) unmapped or released something";
       }
       if (pool_->generation() != gen) {
@@ -465,24 +468,24 @@ class PropertyRun {
         return absl::StrCat("Alloc(", n, "): ", e);
       }
     }
-    Note(absl::StrCat("Alloc(", n, ") -> ",
-                      r.ok() ? absl::StrCat("OK ", Ids(ids), " mapped ",
-                                            r->pages_mapped)
-                             : ReasonOf(r.status())));
+    Note(absl::StrCat(
+        "Alloc(", n, ") -> ",
+        r.ok() ? absl::StrCat("OK ", Ids(ids), " mapped ", r->pages_mapped)
+               : ReasonOf(r.status())));
     if (must_succeed && !r.ok()) {
       return absl::StrCat("Alloc(", n, ") refused: ", ReasonOf(r.status()),
                           "; model expects success with ", Ids(want.ids));
     }
     if (r.ok() != want.ok()) {
-      return absl::StrCat(
-          "Alloc(", n, "): core ", r.ok() ? "OK" : ReasonOf(r.status()),
-          ", model ",
-          want.ok() ? "OK " + Ids(want.ids)
-                    : std::string(ReasonName(want.reason)));
+      return absl::StrCat("Alloc(", n, "): core ",
+                          r.ok() ? "OK" : ReasonOf(r.status()), ", model ",
+                          want.ok() ? "OK " + Ids(want.ids)
+                                    : std::string(ReasonName(want.reason)));
     }
     if (!r.ok()) {
       if (!IsCapacityReason(GetReason(r.status())) &&
-          !(n < 0 && GetReason(r.status()) == FailureReason::kInvalidArgument)) {
+          !(n < 0 &&
+            GetReason(r.status()) == FailureReason::kInvalidArgument)) {
         return absl::StrCat("Alloc(", n, ") refused with ",
                             ReasonOf(r.status()));
       }
@@ -495,19 +498,19 @@ class PropertyRun {
       return "";
     }
     if (ids != want.ids) {
-      return absl::StrCat("Alloc(", n, ") ids: core ", Ids(ids, 400),
-                          " model ", Ids(want.ids, 400));
+      return absl::StrCat("Alloc(", n, ") ids: core ", Ids(ids, 400), " model ",
+                          Ids(want.ids, 400));
     }
     if (r->num_blocks != n) return "Alloc: num_blocks mismatch";
     if (r->pages_mapped != want.pages_mapped) {
-      return absl::StrCat("Alloc(", n, ") pages_mapped: core ",
-                          r->pages_mapped, " model ", want.pages_mapped);
+      return absl::StrCat("Alloc(", n, ") pages_mapped: core ", r->pages_mapped,
+                          " model ", want.pages_mapped);
     }
     if (fault_->calls(BackendOp::kCreate) - creates !=
         want.pages_mapped * g_.devices) {
       return absl::StrCat("Alloc(", n, ") backend Create calls: ",
-                          fault_->calls(BackendOp::kCreate) - creates,
-                          " for ", want.pages_mapped, " pages");
+                          fault_->calls(BackendOp::kCreate) - creates, " for ",
+                          want.pages_mapped, " pages");
     }
     if (n > 0 && pool_->generation() == gen) {
       return absl::StrCat("Alloc(", n, ") did not change the generation");
@@ -520,8 +523,8 @@ class PropertyRun {
     // Ids on one page may go in any order; across pages the order in which
     // pages empty is not documented, so keep those ascending.
     std::sort(ids.begin(), ids.end());
-    if (!ids.empty() && model_->page_of(ids.front()) ==
-                            model_->page_of(ids.back())) {
+    if (!ids.empty() &&
+        model_->page_of(ids.front()) == model_->page_of(ids.back())) {
       std::shuffle(ids.begin(), ids.end(), rng_);
     }
     FreeRequest req;
@@ -533,9 +536,9 @@ class PropertyRun {
                       r.ok() ? absl::StrCat("OK unmapped ", r->pages_unmapped)
                              : ReasonOf(r.status())));
     if (!r.ok()) {
-      return absl::StrCat("Free of allocated ids failed: ",
-                          ReasonOf(r.status()), " (model: ",
-                          ReasonName(want.reason), ")");
+      return absl::StrCat(
+          "Free of allocated ids failed: ", ReasonOf(r.status()),
+          " (model: ", ReasonName(want.reason), ")");
     }
     if (!want.ok()) return "model refused a Free (test bug)";
     if (r->freed_blocks != static_cast<int64_t>(ids.size())) {
@@ -765,10 +768,10 @@ class PropertyRun {
     const uint64_t gen = pool_->generation();
     auto r = pool_->SetMemoryLimit(Bytes(bytes), revision);
     MLimitResult want = model_->SetMemoryLimit(bytes, revision);
-    Note(absl::StrCat("SetMemoryLimit(", bytes, " = ", bytes / unit,
-                      " pages + ", bytes % unit, ", rev ", revision, ") -> ",
-                      r.ok() ? LimitOutcomeName(r->outcome)
-                             : r.status().ToString()));
+    Note(absl::StrCat(
+        "SetMemoryLimit(", bytes, " = ", bytes / unit, " pages + ",
+        bytes % unit, ", rev ", revision, ") -> ",
+        r.ok() ? LimitOutcomeName(r->outcome) : r.status().ToString()));
     if (!r.ok()) return "SetMemoryLimit failed: " + r.status().ToString();
     std::ostringstream err;
     if (r->outcome != ToCore(want.outcome)) {
@@ -777,8 +780,8 @@ class PropertyRun {
     }
     if (r->limit.state != ToCore(want.state)) err << "limit state differs; ";
     if (r->limit.target_pages.value() != want.target_pages) {
-      err << "target_pages: core " << r->limit.target_pages.value()
-          << " model " << want.target_pages << "; ";
+      err << "target_pages: core " << r->limit.target_pages.value() << " model "
+          << want.target_pages << "; ";
     }
     if (r->limit.revision != want.revision) {
       err << "revision: core " << r->limit.revision << " model "
@@ -810,8 +813,7 @@ class PropertyRun {
   std::string DoPrealloc() {
     const bool core = pool_->PreallocStep();
     const bool want = model_->PreallocStep();
-    Note(absl::StrCat("PreallocStep() -> ", core, " (model maps: ", want,
-                      ")"));
+    Note(absl::StrCat("PreallocStep() -> ", core, " (model maps: ", want, ")"));
     if (!want && core) return "PreallocStep reported work the model did not do";
     return "";
   }

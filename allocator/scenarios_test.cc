@@ -65,10 +65,10 @@ namespace {
   ASSERT_TRUE(tmp.ok()) << tmp.status();          \
   lhs = *std::move(tmp)
 
-#define ASSERT_INVARIANTS(pool)                  \
-  do {                                           \
+#define ASSERT_INVARIANTS(pool)                   \
+  do {                                            \
     absl::Status inv_ = (pool).CheckInvariants(); \
-    ASSERT_TRUE(inv_.ok()) << inv_;              \
+    ASSERT_TRUE(inv_.ok()) << inv_;               \
   } while (0)
 
 // ---------------------------------------------------------------------------
@@ -122,11 +122,11 @@ struct Rig {
 // Declares `Rig& name` over `devices` devices with budgets at `utilization`,
 // or skips the test with the reason there is no such backend (no GPU, or a
 // one-GPU machine asked for two).
-#define RIG_OR_SKIP_WITH(name, devices, utilization)                   \
-  std::string name##_why;                                              \
-  std::unique_ptr<Rig> name##_owner =                                  \
-      Rig::Make((devices), (utilization), &name##_why);                \
-  if (name##_owner == nullptr) GTEST_SKIP() << name##_why;             \
+#define RIG_OR_SKIP_WITH(name, devices, utilization)       \
+  std::string name##_why;                                  \
+  std::unique_ptr<Rig> name##_owner =                      \
+      Rig::Make((devices), (utilization), &name##_why);    \
+  if (name##_owner == nullptr) GTEST_SKIP() << name##_why; \
   Rig& name = *name##_owner
 // The default rig: one device, utilization 1.0.
 #define RIG_OR_SKIP(name) RIG_OR_SKIP_WITH(name, 1, 1.0)
@@ -148,10 +148,8 @@ PoolOptions Quiet(int64_t min_idle = 0, int64_t max_idle = 0) {
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<PagePool>> MakePool(Rig& rig,
-                                                   const PoolConfig& config,
-                                                   PoolOptions options =
-                                                       Quiet()) {
+absl::StatusOr<std::unique_ptr<PagePool>> MakePool(
+    Rig& rig, const PoolConfig& config, PoolOptions options = Quiet()) {
   return PagePool::Create(config, &rig.backend, &rig.budgets, &rig.clock,
                           std::move(options));
 }
@@ -182,8 +180,8 @@ absl::StatusOr<FreeResult> Free(PagePool& pool, std::vector<BlockId> ids) {
   return Checked(pool, pool.Free(r));
 }
 
-absl::StatusOr<ReservationInfo> Reserve(PagePool& pool, int64_t n,
-                                        absl::Duration ttl = absl::Seconds(30)) {
+absl::StatusOr<ReservationInfo> Reserve(
+    PagePool& pool, int64_t n, absl::Duration ttl = absl::Seconds(30)) {
   ReserveRequest r;
   r.num_blocks = n;
   r.ttl = ttl;
@@ -207,9 +205,7 @@ CapacitySnapshot Cap(PagePool& pool, int64_t max_pages = 0) {
   return c.ok() ? *std::move(c) : CapacitySnapshot{};
 }
 
-int64_t Available(PagePool& pool) {
-  return Cap(pool).available_blocks.value();
-}
+int64_t Available(PagePool& pool) { return Cap(pool).available_blocks.value(); }
 
 std::vector<BlockId> Ids(const std::vector<PageBlocks>& pages) {
   std::vector<BlockId> out;
@@ -311,8 +307,7 @@ struct CallDelta {
   // backend, host or GPU, does not fail these calls on its own in these
   // tests: every row maps far less than the device holds).
   int64_t done(BackendOp op) const {
-    return calls(op) -
-           (backend.injected(op) - injected0[static_cast<int>(op)]);
+    return calls(op) - (backend.injected(op) - injected0[static_cast<int>(op)]);
   }
   const FaultInjectingBackend& backend;
   std::array<int64_t, static_cast<int>(BackendOp::kCount)> calls0{};
@@ -441,9 +436,8 @@ TEST(Scenarios, C1_CapacityCountsOnlyWholeBlocks) {
 TEST(Scenarios, C2_AllocFourRefusedRequestTooLarge) {
   RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C1Pool()));
-  absl::Status s =
-      RefusedBeforeMapping(rig, FailureReason::kRequestTooLarge,
-                           [&] { return Alloc(*pool, 4); });
+  absl::Status s = RefusedBeforeMapping(rig, FailureReason::kRequestTooLarge,
+                                        [&] { return Alloc(*pool, 4); });
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(Meta(s, "requested_blocks"), "4");
   EXPECT_EQ(Meta(s, "pool_total_blocks"), "3");
@@ -481,8 +475,8 @@ TEST(Scenarios, C4_NullBlockIsNeverHandedOut) {
   CapacitySnapshot c = Cap(*pool);
   EXPECT_EQ(c.available_blocks, BlockCount(2));
   EXPECT_EQ(c.allocated_blocks, BlockCount(0));  // the null block is not
-  absl::Status s = RefusedBeforeMapping(
-      rig, FailureReason::kRequestTooLarge, [&] { return Alloc(*pool, 3); });
+  absl::Status s = RefusedBeforeMapping(rig, FailureReason::kRequestTooLarge,
+                                        [&] { return Alloc(*pool, 3); });
   EXPECT_EQ(Meta(s, "requested_blocks"), "3");
   EXPECT_EQ(Meta(s, "pool_total_blocks"), "2");
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 2));
@@ -499,8 +493,8 @@ TEST(Scenarios, C5_FreedPageLeavesOneAvailable) {
   ASSERT_OK_AND_ASSIGN(FreeResult f, Free(*pool, {3}));
   EXPECT_EQ(f.freed_blocks, 1);
   EXPECT_EQ(Available(*pool), 1);
-  absl::Status s = RefusedBeforeMapping(
-      rig, FailureReason::kPoolExhausted, [&] { return Alloc(*pool, 2); });
+  absl::Status s = RefusedBeforeMapping(rig, FailureReason::kPoolExhausted,
+                                        [&] { return Alloc(*pool, 2); });
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(Meta(s, "available_blocks"), "1");
   EXPECT_EQ(Meta(s, "requested_blocks"), "2");
@@ -546,8 +540,8 @@ TEST(Scenarios, C7_EmptyPagesAreNeverMapped) {
 TEST(Scenarios, C8_AllocFiveRefusedRequestTooLarge) {
   RIG_OR_SKIP(rig);
   ASSERT_OK_AND_ASSIGN(auto pool, MakePool(rig, C7Pool()));
-  absl::Status s = RefusedBeforeMapping(
-      rig, FailureReason::kRequestTooLarge, [&] { return Alloc(*pool, 5); });
+  absl::Status s = RefusedBeforeMapping(rig, FailureReason::kRequestTooLarge,
+                                        [&] { return Alloc(*pool, 5); });
   EXPECT_EQ(Meta(s, "requested_blocks"), "5");
   EXPECT_EQ(Meta(s, "pool_total_blocks"), "4");
 }
@@ -598,21 +592,21 @@ TEST(Scenarios, C11_CapacityFollowsConsumptionOrderAndBudget) {
     order.push_back({p.page_id, p.state});
     counted.push_back(p.counted);
   }
-  EXPECT_EQ(order, (std::vector<std::pair<PageId, PageState>>{
-                       {5, PageState::kIdle},
-                       {4, PageState::kIdle},
-                       {0, PageState::kFree},
-                       {1, PageState::kFree},
-                       {2, PageState::kFree},
-                       {3, PageState::kFree},
-                       {6, PageState::kFree}}));
+  EXPECT_EQ(order,
+            (std::vector<std::pair<PageId, PageState>>{{5, PageState::kIdle},
+                                                       {4, PageState::kIdle},
+                                                       {0, PageState::kFree},
+                                                       {1, PageState::kFree},
+                                                       {2, PageState::kFree},
+                                                       {3, PageState::kFree},
+                                                       {6, PageState::kFree}}));
   EXPECT_EQ(counted,
             (std::vector<bool>{true, true, true, false, false, false, false}));
 
   // The exactness contract on this state: c + 1 refused before mapping, c
   // succeeds.
-  absl::Status s = RefusedBeforeMapping(
-      rig, FailureReason::kGpuMemoryExhausted, [&] { return Alloc(*pool, 6); });
+  absl::Status s = RefusedBeforeMapping(rig, FailureReason::kGpuMemoryExhausted,
+                                        [&] { return Alloc(*pool, 6); });
   EXPECT_EQ(Meta(s, "available_blocks"), "5");
   ASSERT_OK_AND_ASSIGN(AllocResult r, Alloc(*pool, 5));
   EXPECT_EQ(Ids(r), (std::vector<BlockId>{0, 1, 10, 12, 13}));
@@ -627,8 +621,8 @@ TEST(Scenarios, C12_BudgetOfThreeBundles) {
   EXPECT_EQ(c.affordable_bundles, 3);
   EXPECT_EQ(c.available_blocks, BlockCount(6));
   EXPECT_EQ(c.mapped_bytes, Bytes(0));
-  absl::Status s = RefusedBeforeMapping(
-      rig, FailureReason::kGpuMemoryExhausted, [&] { return Alloc(*pool, 7); });
+  absl::Status s = RefusedBeforeMapping(rig, FailureReason::kGpuMemoryExhausted,
+                                        [&] { return Alloc(*pool, 7); });
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(Meta(s, "available_blocks"), "6");
   EXPECT_EQ(Meta(s, "requested_blocks"), "7");
@@ -655,8 +649,8 @@ struct WalkTally {
   std::map<std::string, int64_t> refusals;  // reason of Alloc(c + 1)
   int64_t probes = 0;
   int64_t deferred_probes = 0;
-  int64_t nonzero_probes = 0;     // c > 0
-  int64_t partly_counted = 0;     // some FREE pages not affordable
+  int64_t nonzero_probes = 0;  // c > 0
+  int64_t partly_counted = 0;  // some FREE pages not affordable
   int64_t reservation_allocs = 0;
   int64_t expired = 0;
   int64_t prealloc_pages = 0;
@@ -683,7 +677,6 @@ class RandomWalk {
     tally_->prealloc_pages += stats.prealloc_pages_total;
   }
 
-
  private:
   struct Res {
     std::vector<BlockId> blocks;  // ascending
@@ -691,7 +684,8 @@ class RandomWalk {
   };
 
   int64_t Uniform(int64_t lo, int64_t hi) {  // inclusive
-    return lo + static_cast<int64_t>(rng_() % static_cast<uint64_t>(hi - lo + 1));
+    return lo +
+           static_cast<int64_t>(rng_() % static_cast<uint64_t>(hi - lo + 1));
   }
 
   void Setup() {
@@ -706,10 +700,10 @@ class RandomWalk {
     config.reserve_null_block = Uniform(0, 3) == 0;
     const int64_t min_idle = Uniform(0, 2);
     const int64_t max_idle = min_idle + Uniform(0, 2);
-    description_ = absl::StrCat("P=", P_.value() / kKiB, "KiB B=",
-                                B_.value() / kKiB, "KiB N=", n,
-                                " null=", config.reserve_null_block,
-                                " idle=", min_idle, "..", max_idle);
+    description_ =
+        absl::StrCat("P=", P_.value() / kKiB, "KiB B=", B_.value() / kKiB,
+                     "KiB N=", n, " null=", config.reserve_null_block,
+                     " idle=", min_idle, "..", max_idle);
     SCOPED_TRACE(description_);
     std::string why;
     rig_ = Rig::Make(/*devices=*/1, /*utilization=*/1.0, &why);
@@ -785,7 +779,8 @@ class RandomWalk {
         free_usable += p.usable_blocks.value();
         ++free_pages;
         if (p.counted) {
-          ASSERT_EQ(counted_pages, free_pages - 1) << "counted pages not a prefix";
+          ASSERT_EQ(counted_pages, free_pages - 1)
+              << "counted pages not a prefix";
           counted_usable += p.usable_blocks.value();
           ++counted_pages;
         }
@@ -910,8 +905,7 @@ class RandomWalk {
         const int64_t n = Uniform(1, held + 2);
         absl::StatusOr<AllocResult> r = Alloc(*pool_, n, "", it->first);
         if (n - held > c) {
-          ASSERT_EQ(GetReason(r.status()),
-                    FailureReason::kReservationTooSmall)
+          ASSERT_EQ(GetReason(r.status()), FailureReason::kReservationTooSmall)
               << r.status();
           break;
         }
@@ -932,14 +926,15 @@ class RandomWalk {
         if (res_.empty()) break;
         auto it = std::next(res_.begin(), Uniform(0, res_.size() - 1));
         ASSERT_OK_AND_ASSIGN(ReleaseResult r, Release(*pool_, it->first));
-        ASSERT_EQ(r.released_blocks, static_cast<int64_t>(it->second.blocks.size()));
+        ASSERT_EQ(r.released_blocks,
+                  static_cast<int64_t>(it->second.blocks.size()));
         res_.erase(it);
         break;
       }
       case 8: {  // Memory limit, occasionally stale
         if (revision_ > 0 && Uniform(0, 4) == 0) {
-          ASSERT_OK_AND_ASSIGN(LimitResult l,
-                               Limit(*pool_, P_ * Uniform(0, T_), revision_ - 1));
+          ASSERT_OK_AND_ASSIGN(
+              LimitResult l, Limit(*pool_, P_ * Uniform(0, T_), revision_ - 1));
           ASSERT_EQ(l.outcome, LimitOutcome::kStale);
           ASSERT_EQ(l.limit.revision, revision_);
           break;
@@ -1042,12 +1037,12 @@ const Bytes kP1Bundle = MiB(2 * 32 * 2);  // P = 2 MiB, L = 32, K = 2
 
 // P1 and P2 are arithmetic over DeviceBudgets: no pool, nothing mapped. The
 // device reports total 80 GiB and the row's free memory from the first query.
-#define BUDGET_BACKEND_OR_SKIP(backend, free)                       \
-  std::string backend##_why;                                        \
-  std::unique_ptr<TestBackend> backend##_target =                   \
-      TestBackend::Make(1, &backend##_why);                         \
-  if (backend##_target == nullptr) GTEST_SKIP() << backend##_why;   \
-  FaultInjectingBackend backend(backend##_target->backend());       \
+#define BUDGET_BACKEND_OR_SKIP(backend, free)                     \
+  std::string backend##_why;                                      \
+  std::unique_ptr<TestBackend> backend##_target =                 \
+      TestBackend::Make(1, &backend##_why);                       \
+  if (backend##_target == nullptr) GTEST_SKIP() << backend##_why; \
+  FaultInjectingBackend backend(backend##_target->backend());     \
   backend.OverrideMemory(0, MemoryInfo{(free), kDeviceTotal})
 
 TEST(Scenarios, P1_FortyEightBundlesAffordable) {
@@ -1150,8 +1145,7 @@ TEST(Scenarios, R3_DriverErrorOnThirdMapRollsBack) {
   const CallDelta d(rig.backend);
   absl::StatusOr<AllocResult> r = Alloc(*pool, 12);  // three pages
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(GetReason(r.status()), FailureReason::kMappingFailed)
-      << r.status();
+  EXPECT_EQ(GetReason(r.status()), FailureReason::kMappingFailed) << r.status();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(d.calls(BackendOp::kMap), 3);
   ExpectFullyUnwound(d);
@@ -1252,8 +1246,7 @@ TEST(Scenarios, R6_SecondDeviceFailureUnmapsTheFirst) {
   const CallDelta d(rig.backend);
   absl::StatusOr<AllocResult> r = Alloc(*pool, 4);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(GetReason(r.status()), FailureReason::kMappingFailed)
-      << r.status();
+  EXPECT_EQ(GetReason(r.status()), FailureReason::kMappingFailed) << r.status();
   EXPECT_EQ(d.done(BackendOp::kMap), 1);  // device 0's
   ExpectFullyUnwound(d);
   EXPECT_EQ(rig.backend.created_bytes(0), Bytes(0));
@@ -1317,10 +1310,8 @@ TEST(Scenarios, V3_FreeOfUnallocatedIdsFreesNothing) {
     BlockId culprit;
   };
   const std::vector<Bad> cases = {
-      {"never allocated", {0, 5}, 5},
-      {"straddling", {1, 2}, 2},
-      {"id >= N", {3, 15}, 15},
-      {"negative", {-1, 0}, -1},
+      {"never allocated", {0, 5}, 5},   {"straddling", {1, 2}, 2},
+      {"id >= N", {3, 15}, 15},         {"negative", {-1, 0}, -1},
       {"all at once", {0, 1, 3, 2}, 2},
   };
   for (const Bad& bad : cases) {
@@ -1416,8 +1407,7 @@ TEST(Scenarios, V6_AllocFromReservationThenRelease) {
   EXPECT_EQ(c.reserved_blocks, BlockCount(0));
   EXPECT_EQ(c.allocated_blocks, BlockCount(3));
   // The reservation is gone.
-  absl::StatusOr<AllocResult> after =
-      Alloc(*pool, 1, "", res.reservation_id);
+  absl::StatusOr<AllocResult> after = Alloc(*pool, 1, "", res.reservation_id);
   EXPECT_EQ(GetReason(after.status()), FailureReason::kReservationNotFound)
       << after.status();
 }
@@ -1459,9 +1449,9 @@ TEST(Scenarios, V8_RetriedAllocIsIdempotent) {
   EXPECT_EQ(Observable(*pool), before);
   EXPECT_EQ(Cap(*pool).allocated_blocks, BlockCount(3));
 
-  absl::Status s = RefusedBeforeMapping(
-      rig, FailureReason::kRequestIdReused,
-      [&] { return Alloc(*pool, 4, "req-1"); });
+  absl::Status s =
+      RefusedBeforeMapping(rig, FailureReason::kRequestIdReused,
+                           [&] { return Alloc(*pool, 4, "req-1"); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Observable(*pool), before);
 }
@@ -1579,8 +1569,8 @@ TEST(Scenarios, S4_DeferredRefusesNewPagesNotOpenBlocks) {
   ASSERT_OK_AND_ASSIGN(LimitResult l, Limit(*pool, kS1Bundle * 3, 1));
   ASSERT_EQ(l.outcome, LimitOutcome::kDeferred);
   EXPECT_EQ(Available(*pool), 4);  // the free halves of the OPEN pages
-  absl::Status s = RefusedBeforeMapping(
-      rig, FailureReason::kShrinkPending, [&] { return Alloc(*pool, 5); });
+  absl::Status s = RefusedBeforeMapping(rig, FailureReason::kShrinkPending,
+                                        [&] { return Alloc(*pool, 5); });
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(Meta(s, "available_blocks"), "4");
   const int64_t maps = rig.backend.map_calls();

@@ -44,18 +44,18 @@ PoolStats& PoolStats::operator+=(const PoolStats& o) {
 }
 
 std::string PoolStats::DebugString() const {
-  std::string s = absl::StrCat(
-      "alloc_calls=", alloc_calls, " free_calls=", free_calls,
-      " reserve_calls=", reserve_calls,
-      " blocks_allocated_total=", blocks_allocated_total,
-      " blocks_freed_total=", blocks_freed_total,
-      " pages_mapped_total=", pages_mapped_total,
-      " pages_unmapped_total=", pages_unmapped_total,
-      " prealloc_pages_total=", prealloc_pages_total,
-      " map_failures_total=", map_failures_total,
-      " reservations_expired_total=", reservations_expired_total,
-      " idempotent_replays_total=", idempotent_replays_total,
-      " peak_mapped_pages=", peak_mapped_pages);
+  std::string s =
+      absl::StrCat("alloc_calls=", alloc_calls, " free_calls=", free_calls,
+                   " reserve_calls=", reserve_calls,
+                   " blocks_allocated_total=", blocks_allocated_total,
+                   " blocks_freed_total=", blocks_freed_total,
+                   " pages_mapped_total=", pages_mapped_total,
+                   " pages_unmapped_total=", pages_unmapped_total,
+                   " prealloc_pages_total=", prealloc_pages_total,
+                   " map_failures_total=", map_failures_total,
+                   " reservations_expired_total=", reservations_expired_total,
+                   " idempotent_replays_total=", idempotent_replays_total,
+                   " peak_mapped_pages=", peak_mapped_pages);
   for (int r = 0; r <= kMaxFailureReason; ++r) {
     if (outcomes[r] == 0) continue;
     absl::StrAppend(&s, " outcome[",

@@ -48,7 +48,7 @@ struct PoolStats {
   int64_t reservations_expired_total = 0;
   int64_t idempotent_replays_total = 0;
   int64_t peak_mapped_pages = 0;
-  LatencyHistogram map_latency;    // one page on every device of the pool
+  LatencyHistogram map_latency;  // one page on every device of the pool
   LatencyHistogram unmap_latency;
 
   PoolStats& operator+=(const PoolStats& o);

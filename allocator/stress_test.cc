@@ -22,9 +22,9 @@
 //   bazel test --config=tsan //allocator:stress_test
 
 #include <algorithm>
-#include <iostream>
 #include <atomic>
 #include <cstdint>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <random>
@@ -110,7 +110,8 @@ class Shared {
     for (BlockId b : ids) {
       if (!held_.insert({p, b}).second) {
         AddErrorLocked(absl::StrCat(how, " handed out block ", b, " of pool ",
-                                    pools[p]->name(), " which is already held"));
+                                    pools[p]->name(),
+                                    " which is already held"));
       }
     }
   }
@@ -189,9 +190,8 @@ class Worker {
   void CheckRefusal(const absl::Status& st, const std::string& what,
                     bool reservation = false) {
     const FailureReason r = GetReason(st);
-    const bool fine =
-        IsCapacityReason(r) ||
-        (reservation && r == FailureReason::kReservationTooSmall);
+    const bool fine = IsCapacityReason(r) ||
+                      (reservation && r == FailureReason::kReservationTooSmall);
     Check(fine, absl::StrCat(what, " refused with ", st.ToString()));
   }
 
@@ -248,7 +248,8 @@ class Worker {
     req.num_blocks = n;
     auto r = pool(p).Alloc(req);
     Count("Alloc", r.status());
-    if (!r.ok()) return CheckRefusal(r.status(), absl::StrCat("Alloc(", n, ")"));
+    if (!r.ok())
+      return CheckRefusal(r.status(), absl::StrCat("Alloc(", n, ")"));
     std::vector<BlockId> ids = Flatten(r->pages);
     Check(static_cast<int64_t>(ids.size()) == n, "Alloc returned wrong count");
     CheckUsable(p, ids, "Alloc");
@@ -263,9 +264,9 @@ class Worker {
     req.block_ids = ids;
     auto r = pool(p).Free(req);
     Check(r.ok() && r->freed_blocks == static_cast<int64_t>(ids.size()),
-          absl::StrCat("Free of ", ids.size(), " held blocks of pool ",
-                       pool(p).name(), " failed: ",
-                       r.ok() ? "wrong count" : r.status().ToString()));
+          absl::StrCat(
+              "Free of ", ids.size(), " held blocks of pool ", pool(p).name(),
+              " failed: ", r.ok() ? "wrong count" : r.status().ToString()));
   }
 
   void Reserve(int p, int64_t n) {
@@ -296,10 +297,9 @@ class Worker {
     auto r = pool(h.pool).Alloc(req);
     Count("AllocFromReservation", r.status());
     if (!r.ok()) {
-      return CheckRefusal(r.status(),
-                          absl::StrCat("Alloc(", n, ", reservation of ", size,
-                                       ")"),
-                          /*reservation=*/true);
+      return CheckRefusal(
+          r.status(), absl::StrCat("Alloc(", n, ", reservation of ", size, ")"),
+          /*reservation=*/true);
     }
     std::vector<BlockId> ids = Flatten(r->pages);
     Check(static_cast<int64_t>(ids.size()) == n,
@@ -344,12 +344,12 @@ class Worker {
     const int64_t T = g.page_count().value();
     const int64_t unit = g.bundle_bytes().value() * g.device_count();
     // Mostly generous limits so that pools do not stay shrunk for long.
-    const int64_t pages =
-        Uniform(rng_, 0, 9) < 6 ? T : Uniform(rng_, T / 4, T);
+    const int64_t pages = Uniform(rng_, 0, 9) < 6 ? T : Uniform(rng_, T / 4, T);
     const int64_t rev = s_->revisions[p]->fetch_add(1) + 1;
     auto r = pool(p).SetMemoryLimit(Bytes(pages * unit), rev);
     Check(r.ok(), "SetMemoryLimit failed: " + r.status().ToString());
-    if (r.ok()) ++counts_[absl::StrCat("Limit->", LimitOutcomeName(r->outcome))];
+    if (r.ok())
+      ++counts_[absl::StrCat("Limit->", LimitOutcomeName(r->outcome))];
   }
 
   Shared* const s_;
@@ -379,10 +379,10 @@ TEST(StressTest, ConcurrentOperationsKeepOwnershipAndExactCapacity) {
 
     Shared shared;
     const std::vector<PoolConfig> configs = {
-        Pool("a", 2 * kMiB, 512 * kKiB, 256, {0}),             // 4 per page
-        Pool("b", 4 * kMiB, 1536 * kKiB, 200, {0, 1}, true),   // straddling
-        Pool("c", 2 * kMiB, 16 * kKiB, 4096, {1}),             // 128 per page
-        Pool("d", 14 * kMiB, 6 * kMiB, 60, {0}),               // C1's geometry
+        Pool("a", 2 * kMiB, 512 * kKiB, 256, {0}),            // 4 per page
+        Pool("b", 4 * kMiB, 1536 * kKiB, 200, {0, 1}, true),  // straddling
+        Pool("c", 2 * kMiB, 16 * kKiB, 4096, {1}),            // 128 per page
+        Pool("d", 14 * kMiB, 6 * kMiB, 60, {0}),              // C1's geometry
         Pool("e", 2 * kMiB, 768 * kKiB, 120, {1}, true),
     };
     for (const PoolConfig& c : configs) {
@@ -420,7 +420,8 @@ TEST(StressTest, ConcurrentOperationsKeepOwnershipAndExactCapacity) {
     std::string summary;
     for (const auto& [k, v] : counts) absl::StrAppend(&summary, " ", k, "=", v);
     int64_t prealloc = 0;
-    for (auto& pool : shared.pools) prealloc += pool->Stats().prealloc_pages_total;
+    for (auto& pool : shared.pools)
+      prealloc += pool->Stats().prealloc_pages_total;
     std::cout << "outcomes:" << summary << " prealloc_pages=" << prealloc
               << "\n";
 

@@ -16,10 +16,10 @@
 #include <memory>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "allocator/device_budget.h"
 #include "allocator/host_backend.h"
 #include "allocator/page_pool.h"
-#include "absl/synchronization/mutex.h"
 #include "benchmark/benchmark.h"
 
 namespace kvbroker {

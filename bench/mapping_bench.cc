@@ -95,7 +95,8 @@ std::pair<double, double> PoolRound(PagePool* pool, int k) {
   absl::StatusOr<AllocResult> r = pool->Alloc({k, "", "", {}});
   absl::Time t1 = absl::Now();
   if (!r.ok()) Die(r.status(), "pool alloc");
-  if (r->pages_mapped != k) Die(absl::InternalError("unexpected pages"), "pool");
+  if (r->pages_mapped != k)
+    Die(absl::InternalError("unexpected pages"), "pool");
   absl::StatusOr<FreeResult> f = pool->Free({Ids(*r), ""});
   absl::Time t2 = absl::Now();
   if (!f.ok()) Die(f.status(), "pool free");
@@ -224,7 +225,8 @@ int Main() {
               absl::StrFormat("%d MiB", absl::GetFlag(FLAGS_page_mib)).c_str(),
               k, absl::GetFlag(FLAGS_rounds));
   std::printf("%-34s %12s\n", "measure", "value");
-  std::printf("%-34s %10.2f us\n", "raw map per page (median)", Median(raw_map));
+  std::printf("%-34s %10.2f us\n", "raw map per page (median)",
+              Median(raw_map));
   std::printf("%-34s %10.2f us\n", "raw unmap per page (median)",
               Median(raw_unmap));
   std::printf("%-34s %10.2f us\n", "pool map per page (median)",
@@ -242,10 +244,11 @@ int Main() {
   }
   std::printf("%-34s %10.2f / %.2f us\n", "alloc+free(16) idle p50 / p99",
               Percentile(idle, 0.5), Percentile(idle, 0.99));
-  std::printf("%-34s %10.2f / %.2f us (%.0f pages/s mapped and unmapped "
-              "beside it)\n",
-              "alloc+free(16) busy p50 / p99", Percentile(busy, 0.5),
-              Percentile(busy, 0.99), churn_pages.load() / secs);
+  std::printf(
+      "%-34s %10.2f / %.2f us (%.0f pages/s mapped and unmapped "
+      "beside it)\n",
+      "alloc+free(16) busy p50 / p99", Percentile(busy, 0.5),
+      Percentile(busy, 0.99), churn_pages.load() / secs);
   std::printf("%-34s %10.3f x\n", "busy/idle p99 (<= 1.2)",
               Percentile(busy, 0.99) / Percentile(idle, 0.99));
   return 0;

@@ -3,9 +3,12 @@
 //
 // Every measured call alternates with a ping on the same channel, so both
 // see the same state of the machine; the table reports, per RPC, the median
-// over rounds of p50 and p99 and of their ratio to the ping's in that round. Then QPS with 64
-// calls in flight (callback client), ping against Capacity and Alloc+Free.
-// Targets: p50 <= 1.10 x ping, p99 <= 1.20 x ping, QPS >= 0.9 x ping.
+// over rounds of p50 and p99 and of their ratio to the ping's in that round.
+// Then QPS with 64 calls in flight (callback client), ping against Capacity and
+// Alloc+Free. Targets: p50 <= 1.10 x ping, p99 <= 1.20 x ping, QPS >= 0.9 x
+// ping.
+
+#include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,8 +17,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -114,7 +115,8 @@ int Main() {
   const std::string target =
       unix ? "unix:" + sock
            : absl::StrFormat("127.0.0.1:%d", (*daemon)->tcp_port());
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
   std::unique_ptr<bench::Ping::Stub> ping_stub = bench::Ping::NewStub(channel);
   std::unique_ptr<v1::KvBroker::Stub> kvb_stub = v1::KvBroker::NewStub(channel);
   bench::Ping::Stub* ping = ping_stub.get();
@@ -196,9 +198,8 @@ int Main() {
     std::string name;
     std::vector<double> p50, p99, ping50, ping99;
   };
-  std::vector<Series> series = {{"Capacity"},   {"sized ping"}, {"Alloc(16)"},
-                                {"Free(16)"},   {"Alloc(128)"},
-                                {"Free(128)"}};
+  std::vector<Series> series = {{"Capacity"}, {"sized ping"}, {"Alloc(16)"},
+                                {"Free(16)"}, {"Alloc(128)"}, {"Free(128)"}};
   auto timed = [](const std::function<void()>& f) {
     absl::Time t0 = absl::Now();
     f();
@@ -313,10 +314,10 @@ int Main() {
     qps_allocfree.push_back(2 * Qps(allocfree_async, inflight, secs));
   }
 
-  std::printf("\nrpc_bench over %s, %d calls x %d rounds per phase, each "
-              "call interleaved with a ping\n",
-              unix ? "a Unix socket" : "loopback TCP", n,
-              absl::GetFlag(FLAGS_rounds));
+  std::printf(
+      "\nrpc_bench over %s, %d calls x %d rounds per phase, each "
+      "call interleaved with a ping\n",
+      unix ? "a Unix socket" : "loopback TCP", n, absl::GetFlag(FLAGS_rounds));
   std::printf("%-12s %9s %9s %9s %9s %11s %11s\n", "rpc", "p50 us", "p99 us",
               "ping p50", "ping p99", "p50/ping", "p99/ping");
   for (Series& s : series) {
@@ -326,14 +327,15 @@ int Main() {
       r99.push_back(s.p99[i] / s.ping99[i]);
     }
     std::printf("%-12s %9.1f %9.1f %9.1f %9.1f %10.3fx %10.3fx\n",
-                s.name.c_str(), Median(s.p50), Median(s.p99),
-                Median(s.ping50), Median(s.ping99), Median(r50), Median(r99));
+                s.name.c_str(), Median(s.p50), Median(s.p99), Median(s.ping50),
+                Median(s.ping99), Median(r50), Median(r99));
   }
   const double qp = Median(qps_ping);
-  std::printf("QPS, %d in flight: ping %.0f, Capacity %.0f (%.3fx), "
-              "Alloc+Free(16) %.0f RPC/s (%.3fx)\n",
-              inflight, qp, Median(qps_capacity), Median(qps_capacity) / qp,
-              Median(qps_allocfree), Median(qps_allocfree) / qp);
+  std::printf(
+      "QPS, %d in flight: ping %.0f, Capacity %.0f (%.3fx), "
+      "Alloc+Free(16) %.0f RPC/s (%.3fx)\n",
+      inflight, qp, Median(qps_capacity), Median(qps_capacity) / qp,
+      Median(qps_allocfree), Median(qps_allocfree) / qp);
   (*daemon)->Drain();
   return 0;
 }

@@ -12,6 +12,7 @@
 // usage exits 2 and `--pages` may stand without a value). `top` lives in
 // top.cc, the exit codes and shared text forms in cli_text.cc.
 
+#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -27,8 +28,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"

@@ -3,6 +3,7 @@
 // including `top` in a detached tmux session.
 
 #include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -16,8 +17,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"

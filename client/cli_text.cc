@@ -15,8 +15,7 @@ ExitCode ExitCodeFor(const absl::Status& status) {
   if (IsCapacityRefusal(reason)) return kExitCapacity;
   switch (reason) {
     case v1::POOL_NOT_FOUND:
-    case v1::RESERVATION_NOT_FOUND:
-      return kExitNotFound;
+    case v1::RESERVATION_NOT_FOUND: return kExitNotFound;
     case v1::POOL_ALREADY_EXISTS:
     case v1::POOL_NOT_EMPTY:
     case v1::BLOCK_NOT_ALLOCATED:
@@ -25,38 +24,27 @@ ExitCode ExitCodeFor(const absl::Status& status) {
     case v1::RESERVATION_TOO_SMALL:
     case v1::GENERATION_MISMATCH:
     case v1::REQUEST_ID_REUSED:
-    case v1::POOL_FAILED:
-      return kExitPrecondition;
-    case v1::MAPPING_FAILED:
-      return kExitUnavailable;
+    case v1::POOL_FAILED: return kExitPrecondition;
+    case v1::MAPPING_FAILED: return kExitUnavailable;
     case v1::INVALID_ARGUMENT:
-    case v1::INVALID_GEOMETRY:
-      return kExitInvalid;
+    case v1::INVALID_GEOMETRY: return kExitInvalid;
     case v1::UNAUTHENTICATED:
-    case v1::PERMISSION_DENIED:
-      return kExitAuth;
-    default:
-      break;
+    case v1::PERMISSION_DENIED: return kExitAuth;
+    default: break;
   }
   // No kvbroker reason: the gRPC library's own errors, by code.
   switch (status.code()) {
-    case absl::StatusCode::kNotFound:
-      return kExitNotFound;
+    case absl::StatusCode::kNotFound: return kExitNotFound;
     case absl::StatusCode::kAlreadyExists:
     case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kAborted:
-      return kExitPrecondition;
+    case absl::StatusCode::kAborted: return kExitPrecondition;
     case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded:
-      return kExitUnavailable;
+    case absl::StatusCode::kDeadlineExceeded: return kExitUnavailable;
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-      return kExitInvalid;
+    case absl::StatusCode::kOutOfRange: return kExitInvalid;
     case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied:
-      return kExitAuth;
-    default:
-      return kExitOther;
+    case absl::StatusCode::kPermissionDenied: return kExitAuth;
+    default: return kExitOther;
   }
 }
 
@@ -76,8 +64,7 @@ std::string LimitText(const v1::MemoryLimit& limit) {
                           " (", limit.target_pages(), " pages, rev ",
                           limit.revision(), "), over by ",
                           FormatBytes(limit.overage_bytes()));
-    default:
-      return "none";
+    default: return "none";
   }
 }
 

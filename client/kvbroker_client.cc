@@ -3,15 +3,15 @@
 
 #include "client/kvbroker_client.h"
 
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 #include <utility>
-
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/support/channel_arguments.h>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"

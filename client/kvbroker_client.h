@@ -56,6 +56,11 @@
 #ifndef KVBROKER_CLIENT_KVBROKER_CLIENT_H_
 #define KVBROKER_CLIENT_KVBROKER_CLIENT_H_
 
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/status.h>
+#include <grpcpp/support/sync_stream.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -63,11 +68,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <grpcpp/channel.h>
-#include <grpcpp/client_context.h>
-#include <grpcpp/support/status.h>
-#include <grpcpp/support/sync_stream.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -5,13 +5,13 @@
 
 #include "client/kvbroker_client.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <deque>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"

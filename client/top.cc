@@ -364,8 +364,7 @@ int RunTop(KvBrokerClient& client, absl::Duration interval,
               --scroll;
               next_draw = absl::InfinitePast();
               break;
-            default:
-              break;
+            default: break;
           }
         }
       } else if (pfd.revents & (POLLHUP | POLLERR)) {

@@ -2,16 +2,15 @@
 
 #include "server/daemon.h"
 
+#include <grpcpp/ext/channelz_service_plugin.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <utility>
-
-#include <grpcpp/ext/channelz_service_plugin.h>
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -28,13 +28,13 @@
 #ifndef KVBROKER_SERVER_DAEMON_H_
 #define KVBROKER_SERVER_DAEMON_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"

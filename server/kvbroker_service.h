@@ -32,9 +32,9 @@
 #ifndef KVBROKER_SERVER_KVBROKER_SERVICE_H_
 #define KVBROKER_SERVER_KVBROKER_SERVICE_H_
 
-#include <memory>
-
 #include <grpcpp/grpcpp.h>
+
+#include <memory>
 
 #include "allocator/broker.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"

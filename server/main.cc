@@ -4,6 +4,7 @@
 // kvbroker.v1.KvBroker (plus health, reflection and channelz) on TCP and/or a
 // Unix socket, and drains on SIGTERM or SIGINT (exit status 0).
 
+#include <google/protobuf/text_format.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -11,8 +12,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-
-#include <google/protobuf/text_format.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"

@@ -41,46 +41,32 @@ v1::PoolSpec ToProto(const PoolConfig& c) {
 
 v1::PageState ToProto(PageState state) {
   switch (state) {
-    case PageState::kFree:
-      return v1::PAGE_STATE_FREE;
-    case PageState::kMapping:
-      return v1::PAGE_STATE_MAPPING;
-    case PageState::kIdle:
-      return v1::PAGE_STATE_IDLE;
-    case PageState::kOpen:
-      return v1::PAGE_STATE_OPEN;
-    case PageState::kFull:
-      return v1::PAGE_STATE_FULL;
-    case PageState::kReclaimed:
-      return v1::PAGE_STATE_RECLAIMED;
-    case PageState::kEmpty:
-      return v1::PAGE_STATE_EMPTY;
+    case PageState::kFree: return v1::PAGE_STATE_FREE;
+    case PageState::kMapping: return v1::PAGE_STATE_MAPPING;
+    case PageState::kIdle: return v1::PAGE_STATE_IDLE;
+    case PageState::kOpen: return v1::PAGE_STATE_OPEN;
+    case PageState::kFull: return v1::PAGE_STATE_FULL;
+    case PageState::kReclaimed: return v1::PAGE_STATE_RECLAIMED;
+    case PageState::kEmpty: return v1::PAGE_STATE_EMPTY;
   }
   return v1::PAGE_STATE_UNSPECIFIED;
 }
 
 v1::LimitState ToProto(LimitState state) {
   switch (state) {
-    case LimitState::kNone:
-      return v1::LIMIT_STATE_NONE;
-    case LimitState::kApplied:
-      return v1::LIMIT_STATE_APPLIED;
-    case LimitState::kDeferred:
-      return v1::LIMIT_STATE_DEFERRED;
+    case LimitState::kNone: return v1::LIMIT_STATE_NONE;
+    case LimitState::kApplied: return v1::LIMIT_STATE_APPLIED;
+    case LimitState::kDeferred: return v1::LIMIT_STATE_DEFERRED;
   }
   return v1::LIMIT_STATE_UNSPECIFIED;
 }
 
 v1::LimitOutcome ToProto(LimitOutcome outcome) {
   switch (outcome) {
-    case LimitOutcome::kApplied:
-      return v1::APPLIED;
-    case LimitOutcome::kDeferred:
-      return v1::DEFERRED;
-    case LimitOutcome::kStale:
-      return v1::STALE;
-    case LimitOutcome::kConflict:
-      return v1::CONFLICT;
+    case LimitOutcome::kApplied: return v1::APPLIED;
+    case LimitOutcome::kDeferred: return v1::DEFERRED;
+    case LimitOutcome::kStale: return v1::STALE;
+    case LimitOutcome::kConflict: return v1::CONFLICT;
   }
   return v1::LIMIT_OUTCOME_UNSPECIFIED;
 }

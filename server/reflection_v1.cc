@@ -2,14 +2,14 @@
 
 #include "server/reflection_v1.h"
 
-#include <deque>
-#include <set>
-#include <utility>
-
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
 #include <grpcpp/impl/server_builder_plugin.h>
 #include <grpcpp/impl/server_initializer.h>
+
+#include <deque>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -193,8 +193,7 @@ void ReflectionV1Service::Answer(const ServerReflectionRequest& request,
       }
       return;
     }
-    case ServerReflectionRequest::MESSAGE_REQUEST_NOT_SET:
-      break;
+    case ServerReflectionRequest::MESSAGE_REQUEST_NOT_SET: break;
   }
   SetError(grpc::StatusCode::INVALID_ARGUMENT, "no request set", response);
 }

@@ -26,11 +26,11 @@
 #ifndef KVBROKER_SERVER_REFLECTION_V1_H_
 #define KVBROKER_SERVER_REFLECTION_V1_H_
 
+#include <grpcpp/impl/server_builder_option.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/impl/server_builder_option.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"

@@ -59,21 +59,15 @@ DetailPlan PlanFor(const Failure& f) {
   };
   switch (f.reason) {
     case FailureReason::kPoolExhausted:
-    case FailureReason::kShrinkPending:
-      p.quota = true;
-      break;
+    case FailureReason::kShrinkPending: p.quota = true; break;
     case FailureReason::kGpuMemoryExhausted:
       p.quota = true;
       p.retry = true;
       p.retry_delay = kBudgetRetryDelay;
       break;
-    case FailureReason::kRequestTooLarge:
-      p.quota = true;
-      break;
+    case FailureReason::kRequestTooLarge: p.quota = true; break;
     case FailureReason::kPoolNotFound:
-    case FailureReason::kPoolAlreadyExists:
-      pool_resource();
-      break;
+    case FailureReason::kPoolAlreadyExists: pool_resource(); break;
     case FailureReason::kPoolNotEmpty:
     case FailureReason::kPoolFailed:
       p.precondition_subject = pool;
@@ -86,9 +80,7 @@ DetailPlan PlanFor(const Failure& f) {
     case FailureReason::kBlockInReservation:
       p.precondition_subject = Subject(f, "block", "block_id");
       break;
-    case FailureReason::kReservationNotFound:
-      reservation_resource();
-      break;
+    case FailureReason::kReservationNotFound: reservation_resource(); break;
     case FailureReason::kReservationExpired:
       p.precondition_subject = Subject(f, "reservation", "reservation_id");
       reservation_resource();
@@ -107,8 +99,7 @@ DetailPlan PlanFor(const Failure& f) {
     case FailureReason::kInvalidGeometry:
     case FailureReason::kInvalidArgument:
     case FailureReason::kUnauthenticated:
-    case FailureReason::kPermissionDenied:
-      break;
+    case FailureReason::kPermissionDenied: break;
   }
   return p;
 }

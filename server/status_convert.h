@@ -39,9 +39,9 @@
 #ifndef KVBROKER_SERVER_STATUS_CONVERT_H_
 #define KVBROKER_SERVER_STATUS_CONVERT_H_
 
-#include <optional>
-
 #include <grpcpp/support/status.h>
+
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"

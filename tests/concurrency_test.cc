@@ -62,10 +62,8 @@ bool IsCapacityRefusal(const grpc::Status& s) {
   switch (GetReason(FromGrpcStatus(s))) {
     case FailureReason::kPoolExhausted:
     case FailureReason::kGpuMemoryExhausted:
-    case FailureReason::kRequestTooLarge:
-      return true;
-    default:
-      return false;
+    case FailureReason::kRequestTooLarge: return true;
+    default: return false;
   }
 }
 

@@ -4,6 +4,12 @@
 // transports, draining, and SIGTERM on a real kvbrokerd process.
 
 #include <fcntl.h>
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/descriptor_database.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -18,13 +24,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <google/protobuf/descriptor.h>
-#include <google/protobuf/descriptor.pb.h>
-#include <google/protobuf/descriptor_database.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/rpc_method.h>
-#include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"

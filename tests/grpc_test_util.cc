@@ -1,11 +1,10 @@
 #include "tests/grpc_test_util.h"
 
+#include <grpc/grpc.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-
-#include <grpc/grpc.h>
 
 #include "absl/strings/str_cat.h"
 #include "server/status_convert.h"

@@ -11,14 +11,14 @@
 #ifndef KVBROKER_TESTS_GRPC_TEST_UTIL_H_
 #define KVBROKER_TESTS_GRPC_TEST_UTIL_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/time/time.h"
 #include "allocator/clock.h"

@@ -276,8 +276,7 @@ void ReferenceModel::OnPageEmptied(int64_t p, int64_t* unmapped) {
     UnmapPage(p);
     Reclaim(p, policy_.emptied_reclaims_to_front);
     ++*unmapped;
-  } else if (static_cast<int64_t>(idle_list_.size()) <
-             config_.max_idle_pages) {
+  } else if (static_cast<int64_t>(idle_list_.size()) < config_.max_idle_pages) {
     page_[p] = MPage::kIdle;
     idle_list_.push_back(p);
   } else {
@@ -583,8 +582,8 @@ std::string ReferenceModel::DebugString() const {
   std::ostringstream os;
   os << "T=" << T_ << " mapped=" << MappedPages()
      << " avail=" << AvailableBlocks() << " afford=" << Affordable()
-     << " target=" << target_ << " limit_state="
-     << static_cast<int>(limit_state_) << " FREE=[";
+     << " target=" << target_
+     << " limit_state=" << static_cast<int>(limit_state_) << " FREE=[";
   for (int64_t p : free_list_) os << p << " ";
   os << "] IDLE=[";
   for (int64_t p : idle_list_) os << p << " ";

@@ -87,9 +87,9 @@ enum class MPage : uint8_t { kFree, kIdle, kOpen, kFull, kReclaimed, kEmpty };
 const char* MPageName(MPage s);
 
 enum class MBlock : uint8_t {
-  kUnusable,   // straddles a page boundary or lies on an EMPTY page
-  kUnmapped,   // usable, its page is not mapped
-  kFree,       // usable, on a mapped page, owned by nobody
+  kUnusable,  // straddles a page boundary or lies on an EMPTY page
+  kUnmapped,  // usable, its page is not mapped
+  kFree,      // usable, on a mapped page, owned by nobody
   kAllocated,
   kReserved,
   kNull,
@@ -134,8 +134,8 @@ class ReferenceModel {
   // ---- state, recomputed by walking ----
   MPage page_state(int64_t p) const { return page_[p]; }
   MBlock block_state(int64_t b) const { return block_[b]; }
-  int64_t free_blocks(int64_t p) const;      // kFree blocks of page p
-  int64_t allocated_on(int64_t p) const;     // kAllocated + kNull
+  int64_t free_blocks(int64_t p) const;   // kFree blocks of page p
+  int64_t allocated_on(int64_t p) const;  // kAllocated + kNull
   int64_t reserved_on(int64_t p) const;
   int64_t PagesIn(MPage s) const;
   int64_t MappedPages() const;
@@ -186,8 +186,8 @@ class ReferenceModel {
                   int64_t* pages_mapped);
   int64_t TakeFromPage(int64_t p, int64_t k, MBlock owner,
                        std::vector<int64_t>* out);
-  void MapPage(int64_t p);     // FREE (already off its list) -> all free
-  void UnmapPage(int64_t p);   // REQUIRES all blocks free
+  void MapPage(int64_t p);    // FREE (already off its list) -> all free
+  void UnmapPage(int64_t p);  // REQUIRES all blocks free
   void SetMappedStateByCounts(int64_t p);
   // A page whose last block was returned.
   void OnPageEmptied(int64_t p, int64_t* unmapped);

@@ -127,8 +127,8 @@ TEST(ReferenceModelTest, BestFitAndIdleOrder) {
   ASSERT_TRUE(m.Free({0, 4, 5, 6, 8, 9}).ok());
   EXPECT_EQ(m.Alloc(2).ids, (Ids{8, 9}));  // fewest free covering 2: page 2
   EXPECT_EQ(m.Alloc(4).ids, (Ids{0, 4, 5, 6}));  // most free (p1), then p0
-  ASSERT_TRUE(m.Free({12, 13, 14, 15}).ok());   // page 3 -> IDLE
-  ASSERT_TRUE(m.Free({8, 9, 10, 11}).ok());     // page 2 -> IDLE
+  ASSERT_TRUE(m.Free({12, 13, 14, 15}).ok());    // page 3 -> IDLE
+  ASSERT_TRUE(m.Free({8, 9, 10, 11}).ok());      // page 2 -> IDLE
   EXPECT_EQ(m.idle_list(), (std::deque<int64_t>{3, 2}));
   ASSERT_TRUE(m.Free({0, 1, 2, 3}).ok());  // two idle already -> FREE
   EXPECT_EQ(m.free_list(), (std::deque<int64_t>{0}));

@@ -57,8 +57,7 @@ namespace {
 // The library's definition of absl::<inline namespace>::<tail>.
 void* Real(const char* tail) {
   const std::string ns = KVB_SHIM_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  const std::string name =
-      "_ZN4absl" + std::to_string(ns.size()) + ns + tail;
+  const std::string name = "_ZN4absl" + std::to_string(ns.size()) + ns + tail;
   void* f = dlsym(RTLD_NEXT, name.c_str());
   if (f == nullptr) {
     std::fprintf(stderr, "tsan_absl_mutex: %s not found\n", name.c_str());
@@ -125,15 +124,13 @@ void Mutex::ReaderLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 void Mutex::ReaderUnlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real =
-      RealAs<void (*)(Mutex*)>("5Mutex12ReaderUnlockEv");
+  static const auto real = RealAs<void (*)(Mutex*)>("5Mutex12ReaderUnlockEv");
   __tsan_release(this);
   real(this);
 }
 
 bool Mutex::ReaderTryLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real =
-      RealAs<bool (*)(Mutex*)>("5Mutex13ReaderTryLockEv");
+  static const auto real = RealAs<bool (*)(Mutex*)>("5Mutex13ReaderTryLockEv");
   const bool ok = real(this);
   if (ok) __tsan_acquire(this);
   return ok;
@@ -148,8 +145,8 @@ void Mutex::Await(const Condition& cond) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   __tsan_acquire(this);
 }
 
-bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+bool Mutex::AwaitWithTimeout(const Condition& cond,
+                             Duration timeout) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   static const auto real = RealAs<CondTimeoutFn>(
       "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   Bracket b{&cond, this};
@@ -160,8 +157,8 @@ bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout)
   return r;
 }
 
-bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+bool Mutex::AwaitWithDeadline(const Condition& cond,
+                              Time deadline) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   static const auto real = RealAs<CondDeadlineFn>(
       "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   Bracket b{&cond, this};
@@ -173,8 +170,7 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline)
 }
 
 void Mutex::LockWhen(const Condition& cond) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  static const auto real =
-      RealAs<CondFn>("5Mutex8LockWhenERKNS0_9ConditionE");
+  static const auto real = RealAs<CondFn>("5Mutex8LockWhenERKNS0_9ConditionE");
   Bracket b{&cond, this};
   real(this, Condition(&EvalBracketed, &b));
   __tsan_acquire(this);
@@ -209,8 +205,8 @@ bool Mutex::ReaderLockWhenWithTimeout(const Condition& cond, Duration timeout)
   return r;
 }
 
-bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+bool Mutex::LockWhenWithDeadline(const Condition& cond,
+                                 Time deadline) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   static const auto real = RealAs<CondDeadlineFn>(
       "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   Bracket b{&cond, this};
@@ -237,8 +233,8 @@ void CondVar::Wait(Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   __tsan_acquire(mu);
 }
 
-bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+bool CondVar::WaitWithTimeout(Mutex* mu,
+                              Duration timeout) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   static const auto real = RealAs<bool (*)(CondVar*, Mutex*, Duration)>(
       "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
   __tsan_release(mu);
@@ -247,8 +243,8 @@ bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout)
   return r;
 }
 
-bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+bool CondVar::WaitWithDeadline(Mutex* mu,
+                               Time deadline) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   static const auto real = RealAs<bool (*)(CondVar*, Mutex*, Time)>(
       "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
   __tsan_release(mu);
