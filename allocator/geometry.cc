@@ -51,8 +51,10 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
   if (config.block_bytes.value() <= 0) {
     bad.push_back({"block_bytes", "must be positive"});
   }
-  if (config.tokens_per_block <= 0) {
-    bad.push_back({"tokens_per_block", "must be positive"});
+  if (config.tokens_per_block <= 0 ||
+      config.tokens_per_block > kMaxTokensPerBlock) {
+    bad.push_back({"tokens_per_block",
+                   absl::StrCat("must be in [1, ", kMaxTokensPerBlock, "]")});
   }
   if (config.num_layers <= 0 || config.num_layers > (1 << 20)) {
     bad.push_back({"num_layers", "must be in [1, 1048576]"});
@@ -60,8 +62,9 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
   if (config.num_kv_buffers <= 0 || config.num_kv_buffers > 64) {
     bad.push_back({"num_kv_buffers", "must be in [1, 64]"});
   }
-  if (config.max_blocks <= 0) {
-    bad.push_back({"max_blocks", "must be positive"});
+  if (config.max_blocks <= 0 || config.max_blocks > kMaxBlocks) {
+    bad.push_back(
+        {"max_blocks", absl::StrCat("must be in [1, ", kMaxBlocks, "]")});
   }
   if (config.devices.empty()) {
     bad.push_back({"devices", "must name at least one device"});
@@ -140,6 +143,16 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
                      HumanBytes(kMaxVirtualBytesPerDevice)),
         {{"field", "max_blocks"}},
         {{"max_blocks", "pool too large to address"}});
+  }
+
+  if (pages > kMaxPages) {
+    return MakeFailure(
+        FailureReason::kInvalidArgument,
+        absl::StrCat("the pool would have ", static_cast<int64_t>(pages),
+                     " pages; the limit is ", kMaxPages,
+                     " (use larger pages or fewer blocks)"),
+        {{"field", "max_blocks"}},
+        {{"max_blocks", "too many pages for one pool"}});
   }
 
   Geometry geo;

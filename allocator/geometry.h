@@ -116,6 +116,13 @@ class Geometry {
 
 // Largest virtual range one pool may reserve on one device (128 TiB).
 constexpr int64_t kMaxVirtualBytesPerDevice = int64_t{1} << 47;
+// Bounds on the pool's own bookkeeping, which is O(N + T) bytes: 2^27 blocks
+// (about 150 MiB of block state) and 2^22 pages (8 TiB of 2 MiB pages per
+// device). No request can make the daemon allocate more.
+constexpr int64_t kMaxBlocks = int64_t{1} << 27;
+constexpr int64_t kMaxPages = int64_t{1} << 22;
+// Keeps available_tokens = blocks * tokens_per_block far from overflow.
+constexpr int64_t kMaxTokensPerBlock = int64_t{1} << 24;
 
 }  // namespace kvbroker
 

@@ -231,6 +231,23 @@ TEST(GeometrySizesTest, HugeMaxBlocksDoesNotOverflow) {
   EXPECT_EQ(ViolatedFields(s), (std::vector<std::string>{"max_blocks"}));
 }
 
+TEST(GeometrySizesTest, BookkeepingIsBounded) {
+  // At the bounds: accepted.
+  MustCreate(Config(MiB(2), KiB(16), kMaxBlocks));
+  MustCreate(Config(MiB(2), MiB(2), kMaxPages));
+  // One block or one page more: refused before anything is allocated.
+  for (const PoolConfig& c : {Config(MiB(2), KiB(16), kMaxBlocks + 1),
+                              Config(MiB(2), MiB(2), kMaxPages + 1)}) {
+    absl::Status s = Geometry::Create(c, kGranularity, 1).status();
+    EXPECT_EQ(GetReason(s), FailureReason::kInvalidArgument) << s;
+    EXPECT_EQ(ViolatedFields(s), (std::vector<std::string>{"max_blocks"}));
+  }
+  PoolConfig tokens = Config(MiB(2), MiB(2), 1);
+  tokens.tokens_per_block = kMaxTokensPerBlock + 1;
+  EXPECT_EQ(ViolatedFields(Geometry::Create(tokens, kGranularity, 1).status()),
+            (std::vector<std::string>{"tokens_per_block"}));
+}
+
 // --- INVALID_GEOMETRY -------------------------------------------------------
 
 TEST(GeometryValidationTest, BlockLargerThanPageNamesSmallestPage) {
