@@ -141,6 +141,7 @@ absl::Status PagePool::Init() {
       budgets_->Uncharge(g.devices(), g.bundle_bytes(), 1);
       return MappingErrorLocked(m, 1);
     }
+    stats_.map_latency.Record(m.took);
     ChangeStateLocked(0, PageState::kMapping);
     MarkMappedLocked(0);
     std::vector<BlockId> got;
@@ -171,7 +172,7 @@ absl::Status PagePool::Shutdown(bool force) {
   int64_t leaked = 0;
   for (PageId p = 0; p < static_cast<PageId>(pages_.size()); ++p) {
     if (!IsMapped(pages_[p].state)) continue;
-    if (UnmapPageUnlocked(p).ok()) {
+    if (UnmapPageLocked(p).ok()) {
       budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
     } else {
       ++leaked;
@@ -552,7 +553,7 @@ PagePool::MapOutcome PagePool::MapPageUnlocked(PageId p) {
   }
   MapOutcome out;
   if (error.ok()) {
-    stats_.map_latency.Record(absl::Now() - start);
+    out.took = absl::Now() - start;
     return out;
   }
   out.status = error;
@@ -573,7 +574,7 @@ PagePool::MapOutcome PagePool::MapPageUnlocked(PageId p) {
   return out;
 }
 
-absl::Status PagePool::UnmapPageUnlocked(PageId p) {
+absl::Status PagePool::UnmapPageLocked(PageId p) {
   const Geometry& g = geometry_;
   const Bytes size = g.bundle_bytes();
   const uint64_t offset = g.page_offset(p).value();
@@ -591,7 +592,7 @@ absl::Status PagePool::UnmapPageUnlocked(PageId p) {
 }
 
 bool PagePool::UnmapIdleLocked(PageId p) {
-  absl::Status s = UnmapPageUnlocked(p);
+  absl::Status s = UnmapPageLocked(p);
   if (!s.ok()) {
     MarkFailedLocked(
         absl::StrCat("unmapping page ", p, " failed: ", s.message()),
@@ -651,19 +652,6 @@ void PagePool::MarkFailedLocked(const std::string& why, bool device_lost) {
   BumpGenerationLocked();
 }
 
-void PagePool::MarkFailed(const std::string& why) {
-  uint64_t before, after;
-  bool prealloc = false;
-  {
-    absl::MutexLock lock(&mu_);
-    before = generation_;
-    MarkFailedLocked(why, /*device_lost=*/false);
-    after = generation_;
-    prealloc = NeedsPreallocLocked();
-  }
-  NotifyIfChanged(before, after, prealloc);
-}
-
 // ---------------------------------------------------------------------------
 // Acquisition
 
@@ -679,10 +667,13 @@ absl::StatusOr<std::vector<BlockId>> PagePool::AcquireLocked(
   }
   for (size_t i = 0; i < fresh.size(); ++i) {
     MapOutcome m = MapPageUnlocked(fresh[i]);
-    if (m.status.ok()) continue;
+    if (m.status.ok()) {
+      stats_.map_latency.Record(m.took);
+      continue;
+    }
     // Roll back this call's earlier pages, newest first.
     for (size_t j = i; j-- > 0;) {
-      if (!UnmapPageUnlocked(fresh[j]).ok()) m.unwound = false;
+      if (!UnmapPageLocked(fresh[j]).ok()) m.unwound = false;
     }
     // Budget for pages whose unmap failed stays charged: that memory is
     // still held.
@@ -996,24 +987,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
              {"reserved_blocks_named", Num(in_reservation.size())}});
       }
       FreeResult out;
-      std::vector<PageId> touched;
-      for (BlockId b : sorted) {
-        const PageId p =
-            PageOfLocked(b, touched.empty() ? PageId{-1} : touched.back());
-        if (touched.empty() || touched.back() != p) {
-          touched.push_back(p);
-          DetachMappedLocked(p);  // OPEN or FULL: it holds block b
-        }
-        ReturnBlockLocked(p, b);
-      }
-      for (PageId p : touched) {
-        if (pages_[p].allocated + pages_[p].reserved == 0) {
-          OnPageEmptiedLocked(p, &out.pages_unmapped);
-        } else {
-          AttachMappedLocked(p);
-        }
-      }
-      SettleLimitLocked();
+      out.pages_unmapped = ReturnBlocksLocked(sorted);
       out.freed_blocks = static_cast<int64_t>(sorted.size());
       stats_.blocks_freed_total += out.freed_blocks;
       if (out.freed_blocks > 0) BumpGenerationLocked();
@@ -1117,17 +1091,21 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
 
 void PagePool::ReleaseReservationLocked(Reservation& r) {
   expiry_.erase({r.expires, r.id});
+  ReturnBlocksLocked(r.blocks);  // ascending
+  r.blocks.clear();
+}
+
+int64_t PagePool::ReturnBlocksLocked(const std::vector<BlockId>& ascending) {
   std::vector<PageId> touched;
-  for (BlockId b : r.blocks) {  // ascending
+  for (BlockId b : ascending) {
     const PageId p =
         PageOfLocked(b, touched.empty() ? PageId{-1} : touched.back());
     if (touched.empty() || touched.back() != p) {
       touched.push_back(p);
-      DetachMappedLocked(p);
+      DetachMappedLocked(p);  // OPEN or FULL: it holds block b
     }
     ReturnBlockLocked(p, b);
   }
-  r.blocks.clear();
   int64_t unmapped = 0;
   for (PageId p : touched) {
     if (pages_[p].allocated + pages_[p].reserved == 0) {
@@ -1137,6 +1115,7 @@ void PagePool::ReleaseReservationLocked(Reservation& r) {
     }
   }
   SettleLimitLocked();
+  return unmapped;
 }
 
 absl::Status PagePool::FindReservationLocked(const std::string& id,
@@ -1424,6 +1403,7 @@ bool PagePool::PreallocStep() {
     before = generation_;
     mapping_.reset();
     if (m.status.ok()) {
+      stats_.map_latency.Record(m.took);
       MarkMappedLocked(p);
       AttachMappedLocked(p);  // MAPPING -> IDLE
       idle_.push_back(p);

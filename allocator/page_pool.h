@@ -345,9 +345,6 @@ class PagePool {
   // unmapped (they are then leaked, and logged).
   absl::Status Shutdown(bool force) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Marks the pool FAILED (sticky) with `why`.
-  void MarkFailed(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
-
   PoolStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
   bool healthy() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -401,6 +398,7 @@ class PagePool {
   struct MapOutcome {
     absl::Status status;
     bool unwound = true;
+    absl::Duration took;  // of a successful mapping; the caller records it
   };
 
   PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
@@ -439,6 +437,10 @@ class PagePool {
   // walks over sorted ids division-free.
   PageId PageOfLocked(BlockId b, PageId hint) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns allocated or reserved blocks (ascending ids) to their pages,
+  // settles emptied pages and the limit; returns the pages unmapped.
+  int64_t ReturnBlocksLocked(const std::vector<BlockId>& ascending)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A page whose last block was returned: IDLE, FREE or RECLAIMED.
   void OnPageEmptiedLocked(PageId p, int64_t* unmapped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -465,9 +467,11 @@ class PagePool {
   // --- backend transactions ---
   // Create -> Map -> SetAccess on every device of the pool, unwound in
   // reverse on failure. Touches only handles_ of page p, which the caller
-  // owns exclusively (under mu_ or in MAPPING state).
+  // owns exclusively (under mu_ or in MAPPING state), and no other member:
+  // the prealloc worker calls it without the lock.
   MapOutcome MapPageUnlocked(PageId p) ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  absl::Status UnmapPageUnlocked(PageId p) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Unmap -> release on every device of the pool, last device first.
+  absl::Status UnmapPageLocked(PageId p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unmaps an IDLE page under the lock and uncharges its budget; on failure
   // marks the pool FAILED and leaves the page IDLE.
   bool UnmapIdleLocked(PageId p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
