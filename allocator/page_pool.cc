@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -267,23 +270,37 @@ void PagePool::MarkUnmappedLocked(PageId p) {
 int64_t PagePool::TakeFromPageLocked(PageId p, int64_t n, BlockOwner owner,
                                      std::vector<BlockId>* out) {
   Page& page = pages_[p];
-  const BlockId end = page.end;
   int64_t taken = 0;
-  BlockId b = page.begin;
-  while (taken < n && b < end) {
-    const int64_t word = b >> 6;
-    uint64_t bits = free_bits_[word] & (~uint64_t{0} << (b & 63));
-    if (bits == 0) {
-      b = (word + 1) << 6;
+  // A word at a time: mask the word to the page's range, take its set bits
+  // lowest first, store the word back once.
+  for (int64_t word = page.begin >> 6; taken < n && (word << 6) < page.end;
+       ++word) {
+    uint64_t bits = free_bits_[word];
+    if ((word << 6) < page.begin) bits &= ~uint64_t{0} << (page.begin & 63);
+    if (((word + 1) << 6) > page.end) {
+      bits &= ~uint64_t{0} >> (64 - (page.end & 63));
+    }
+    if (bits == ~uint64_t{0} && n - taken >= 64) {  // a whole word
+      const BlockId first = word << 6;
+      std::fill_n(owner_.begin() + first, 64, owner);
+      const size_t at = out->size();
+      out->resize(at + 64);
+      std::iota(out->begin() + at, out->end(), first);
+      free_bits_[word] = 0;
+      taken += 64;
       continue;
     }
-    BlockId found = (word << 6) + __builtin_ctzll(bits);
-    if (found >= end) break;
-    free_bits_[word] &= ~(uint64_t{1} << (found & 63));
-    owner_[found] = owner;
-    out->push_back(found);
-    ++taken;
-    b = found + 1;
+    uint64_t took = 0;
+    while (bits != 0 && taken < n) {
+      const uint64_t lowest = bits & (~bits + 1);
+      const BlockId found = (word << 6) + __builtin_ctzll(bits);
+      bits ^= lowest;
+      took |= lowest;
+      owner_[found] = owner;
+      out->push_back(found);
+      ++taken;
+    }
+    free_bits_[word] &= ~took;
   }
   page.free -= taken;
   if (owner == BlockOwner::kReserved) {
@@ -299,20 +316,6 @@ PageId PagePool::PageOfLocked(BlockId b, PageId hint) const {
     return hint;
   }
   return geometry_.page_of(b);
-}
-
-void PagePool::ReturnBlockLocked(PageId p, BlockId b) {
-  Page& page = pages_[p];
-  if (owner_[b] == BlockOwner::kReserved) {
-    --page.reserved;
-    --reserved_;
-  } else {
-    --page.allocated;
-    --allocated_;
-  }
-  owner_[b] = BlockOwner::kNone;
-  free_bits_[b >> 6] |= uint64_t{1} << (b & 63);
-  ++page.free;
 }
 
 // ---------------------------------------------------------------------------
@@ -370,7 +373,7 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
     const CapacityQuery& query) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return CheckUsableLocked();
-  ExpireLocked(clock_->Now());
+  ExpireLocked();
   CapacitySnapshot c;
   c.pool = name();
   c.generation = generation_;
@@ -761,8 +764,13 @@ std::string AllocFingerprint(const AllocRequest& r) {
                           : "-");
 }
 
+// The ids themselves would make the fingerprint (and every remembered
+// Free) as long as the request; a 64-bit hash of them, with the count,
+// tells a retry from another request just as well within one process.
 std::string FreeFingerprint(const FreeRequest& r) {
-  return absl::StrCat("free/", absl::StrJoin(r.block_ids, ","));
+  return absl::StrCat(
+      "free/", r.block_ids.size(), "/",
+      absl::Hex(absl::Hash<absl::Span<const BlockId>>{}(r.block_ids)));
 }
 
 std::string ReserveFingerprint(const ReserveRequest& r) {
@@ -788,7 +796,7 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       const std::string fingerprint =
           request.request_id.empty() ? "" : AllocFingerprint(request);
       for (;;) {
-        ExpireLocked(clock_->Now());
+        ExpireLocked();
         if (std::optional<absl::StatusOr<AllocResult>> replay =
                 ReplayLocked<AllocResult>(request.request_id, fingerprint)) {
           return *std::move(replay);
@@ -870,7 +878,7 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
       const std::string fingerprint =
           request.request_id.empty() ? "" : ReserveFingerprint(request);
       for (;;) {
-        ExpireLocked(clock_->Now());
+        ExpireLocked();
         if (std::optional<absl::StatusOr<ReservationInfo>> replay =
                 ReplayLocked<ReservationInfo>(request.request_id,
                                               fingerprint)) {
@@ -927,7 +935,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
     result =
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
       if (shut_down_) return CheckUsableLocked();
-      ExpireLocked(clock_->Now());
+      ExpireLocked();
       const std::string fingerprint =
           request.request_id.empty() ? "" : FreeFingerprint(request);
       if (std::optional<absl::StatusOr<FreeResult>> replay =
@@ -935,10 +943,16 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         return *std::move(replay);
       }
       // Validate everything before changing anything.
-      std::vector<BlockId> sorted = request.block_ids;
-      std::sort(sorted.begin(), sorted.end());
-      if (auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-          dup != sorted.end()) {
+      // Ids as Alloc handed them out are already ascending: no copy then.
+      std::vector<BlockId> sorted_copy;
+      absl::Span<const BlockId> ascending = request.block_ids;
+      if (!std::is_sorted(ascending.begin(), ascending.end())) {
+        sorted_copy.assign(ascending.begin(), ascending.end());
+        std::sort(sorted_copy.begin(), sorted_copy.end());
+        ascending = sorted_copy;
+      }
+      if (auto dup = std::adjacent_find(ascending.begin(), ascending.end());
+          dup != ascending.end()) {
         return MakeFailure(
             FailureReason::kInvalidArgument,
             absl::StrCat("block ", *dup, " is named more than once"),
@@ -987,8 +1001,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
              {"reserved_blocks_named", Num(in_reservation.size())}});
       }
       FreeResult out;
-      out.pages_unmapped = ReturnBlocksLocked(sorted);
-      out.freed_blocks = static_cast<int64_t>(sorted.size());
+      out.pages_unmapped = ReturnBlocksLocked(ascending);
+      out.freed_blocks = static_cast<int64_t>(ascending.size());
       stats_.blocks_freed_total += out.freed_blocks;
       if (out.freed_blocks > 0) BumpGenerationLocked();
       out.generation = generation_;
@@ -1071,7 +1085,7 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<ReleaseResult> {
       if (shut_down_) return CheckUsableLocked();
-      ExpireLocked(clock_->Now());
+      ExpireLocked();
       Reservation* r = nullptr;
       KVB_RETURN_IF_ERROR(FindReservationLocked(reservation_id, &r));
       ReleaseResult out;
@@ -1095,16 +1109,29 @@ void PagePool::ReleaseReservationLocked(Reservation& r) {
   r.blocks.clear();
 }
 
-int64_t PagePool::ReturnBlocksLocked(const std::vector<BlockId>& ascending) {
-  std::vector<PageId> touched;
-  for (BlockId b : ascending) {
-    const PageId p =
-        PageOfLocked(b, touched.empty() ? PageId{-1} : touched.back());
-    if (touched.empty() || touched.back() != p) {
-      touched.push_back(p);
-      DetachMappedLocked(p);  // OPEN or FULL: it holds block b
+int64_t PagePool::ReturnBlocksLocked(absl::Span<const BlockId> ascending) {
+  absl::InlinedVector<PageId, 4> touched;
+  for (size_t i = 0; i < ascending.size();) {
+    const PageId p = geometry_.page_of(ascending[i]);
+    Page& page = pages_[p];
+    DetachMappedLocked(p);  // OPEN or FULL: it holds block ascending[i]
+    touched.push_back(p);
+    int64_t reserved = 0, allocated = 0;
+    for (; i < ascending.size() && ascending[i] < page.end; ++i) {
+      const BlockId b = ascending[i];
+      if (owner_[b] == BlockOwner::kReserved) {
+        ++reserved;
+      } else {
+        ++allocated;
+      }
+      owner_[b] = BlockOwner::kNone;
+      free_bits_[b >> 6] |= uint64_t{1} << (b & 63);
     }
-    ReturnBlockLocked(p, b);
+    page.reserved -= reserved;
+    page.allocated -= allocated;
+    page.free += reserved + allocated;
+    reserved_ -= reserved;
+    allocated_ -= allocated;
   }
   int64_t unmapped = 0;
   for (PageId p : touched) {
@@ -1137,7 +1164,9 @@ absl::Status PagePool::FindReservationLocked(const std::string& id,
                      {{"pool", name()}, {"reservation_id", id}});
 }
 
-void PagePool::ExpireLocked(absl::Time now) {
+void PagePool::ExpireLocked() {
+  if (expiry_.empty()) return;  // the common case reads no clock
+  const absl::Time now = clock_->Now();
   while (!expiry_.empty() && expiry_.begin()->first <= now) {
     const std::string id = expiry_.begin()->second;
     auto it = reservations_.find(id);
@@ -1165,7 +1194,7 @@ void PagePool::ExpireReservations() {
   {
     absl::MutexLock lock(&mu_);
     before = generation_;
-    if (!shut_down_) ExpireLocked(clock_->Now());
+    if (!shut_down_) ExpireLocked();
     after = generation_;
     prealloc = NeedsPreallocLocked();
   }
@@ -1244,7 +1273,7 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
       }
       if (revision < 0) return InvalidField("revision", "must not be negative");
       if (shut_down_) return CheckUsableLocked();
-      ExpireLocked(clock_->Now());
+      ExpireLocked();
       auto current =
           [&](LimitOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
             LimitResult r;
@@ -1431,13 +1460,26 @@ bool PagePool::PreallocStep() {
 
 std::vector<PageBlocks> PagePool::GroupByPage(
     std::vector<BlockId> blocks) const {
-  std::sort(blocks.begin(), blocks.end());
+  // Acquisition yields ascending ids within each page; one page's blocks
+  // (the common case) need no sort.
+  if (!std::is_sorted(blocks.begin(), blocks.end())) {
+    std::sort(blocks.begin(), blocks.end());
+  }
   std::vector<PageBlocks> out;
-  for (BlockId b : blocks) {
+  if (blocks.empty()) return out;
+  const PageId first = geometry_.page_of(blocks.front());
+  if (blocks.back() < pages_[first].end) {
+    out.push_back({first, std::move(blocks)});
+    return out;
+  }
+  for (auto it = blocks.begin(); it != blocks.end();) {
     const PageId p =
-        PageOfLocked(b, out.empty() ? PageId{-1} : out.back().page_id);
-    if (out.empty() || out.back().page_id != p) out.push_back({p, {}});
-    out.back().block_ids.push_back(b);
+        PageOfLocked(*it, out.empty() ? PageId{-1} : out.back().page_id);
+    const BlockId end = pages_[p].end;
+    auto group_end =
+        std::find_if(it, blocks.end(), [end](BlockId b) { return b >= end; });
+    out.push_back({p, std::vector<BlockId>(it, group_end)});
+    it = group_end;
   }
   return out;
 }

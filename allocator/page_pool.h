@@ -83,11 +83,13 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "allocator/backend.h"
 #include "allocator/clock.h"
 #include "allocator/device_budget.h"
@@ -186,7 +188,9 @@ struct AllocResult {
 };
 
 struct FreeRequest {
-  std::vector<BlockId> block_ids;
+  // Viewed, not copied (the RPC layer points it at the request message):
+  // must stay valid until Free returns.
+  absl::Span<const BlockId> block_ids;
   std::string request_id;
 };
 
@@ -430,16 +434,13 @@ class PagePool {
   int64_t TakeFromPageLocked(PageId p, int64_t n, BlockOwner owner,
                              std::vector<BlockId>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns one allocated or reserved block b of page p to its page.
-  void ReturnBlockLocked(PageId p, BlockId b)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The page of block b; `hint` (a page id or -1) is tried first, which makes
   // walks over sorted ids division-free.
   PageId PageOfLocked(BlockId b, PageId hint) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns allocated or reserved blocks (ascending ids) to their pages,
   // settles emptied pages and the limit; returns the pages unmapped.
-  int64_t ReturnBlocksLocked(const std::vector<BlockId>& ascending)
+  int64_t ReturnBlocksLocked(absl::Span<const BlockId> ascending)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A page whose last block was returned: IDLE, FREE or RECLAIMED.
   void OnPageEmptiedLocked(PageId p, int64_t* unmapped)
@@ -483,7 +484,9 @@ class PagePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- reservations and idempotency ---
-  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the reservations whose time has come; reads the clock only
+  // when a reservation exists.
+  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseReservationLocked(Reservation& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FindReservationLocked(const std::string& id, Reservation** out)
@@ -529,44 +532,46 @@ class PagePool {
   std::vector<VirtualRange> ranges_;  // one per device of the pool
 
   // ---- guarded by mu_ ----
+  // The scalars every Alloc, Free and Capacity reads come first, next to
+  // the mutex: a call after an idle spell then misses on a few cache lines
+  // of this object, not on one per field.
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
-  std::string failure_ ABSL_GUARDED_BY(mu_);
   bool device_lost_ ABSL_GUARDED_BY(mu_) = false;
+  // Memory limit (SPEC 7); target_pages_ == T when no limit was set.
+  LimitState limit_state_ ABSL_GUARDED_BY(mu_) = LimitState::kNone;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
-
-  std::vector<Page> pages_ ABSL_GUARDED_BY(mu_);
-  // handles_[p * devices + i]: page p's allocation on the pool's i-th device.
-  std::vector<PhysicalHandle> handles_ ABSL_GUARDED_BY(mu_);
-  std::vector<BlockOwner> owner_ ABSL_GUARDED_BY(mu_);
-  // Bit b set <=> block b is usable, on a mapped page, and owned by nobody.
-  std::vector<uint64_t> free_bits_ ABSL_GUARDED_BY(mu_);
-
-  // OPEN pages ordered by (free blocks, page id): best fit is a lower_bound.
-  std::set<std::pair<int64_t, PageId>> open_ ABSL_GUARDED_BY(mu_);
-  int64_t open_free_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<PageId> idle_ ABSL_GUARDED_BY(mu_);
-  int64_t idle_usable_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t open_free_ ABSL_GUARDED_BY(mu_) = 0;    // Σ free over open_
+  int64_t idle_usable_ ABSL_GUARDED_BY(mu_) = 0;  // Σ usable over idle_
   // At most one page is MAPPING at a time (the prealloc worker's).
   std::optional<PageId> mapping_ ABSL_GUARDED_BY(mu_);
-  internal::FreeList free_ ABSL_GUARDED_BY(mu_);
-  std::deque<PageId> reclaimed_ ABSL_GUARDED_BY(mu_);
-  int64_t reclaimed_usable_ ABSL_GUARDED_BY(mu_) = 0;
-  std::array<int64_t, 7> state_pages_ ABSL_GUARDED_BY(mu_) = {};
-
   int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;  // excludes the null block
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t null_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reclaimed_usable_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t target_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<int64_t, 7> state_pages_ ABSL_GUARDED_BY(mu_) = {};
+  // Reservations by expiry time (every call checks for due ones).
+  std::set<std::pair<absl::Time, std::string>> expiry_ ABSL_GUARDED_BY(mu_);
 
-  // Memory limit (SPEC 7); target_pages_ == T when no limit was set.
-  LimitState limit_state_ ABSL_GUARDED_BY(mu_) = LimitState::kNone;
+  std::vector<Page> pages_ ABSL_GUARDED_BY(mu_);
+  std::vector<BlockOwner> owner_ ABSL_GUARDED_BY(mu_);
+  // Bit b set <=> block b is usable, on a mapped page, and owned by nobody.
+  std::vector<uint64_t> free_bits_ ABSL_GUARDED_BY(mu_);
+  // OPEN pages ordered by (free blocks, page id): best fit is a lower_bound.
+  absl::btree_set<std::pair<int64_t, PageId>> open_ ABSL_GUARDED_BY(mu_);
+  std::deque<PageId> idle_ ABSL_GUARDED_BY(mu_);
+  internal::FreeList free_ ABSL_GUARDED_BY(mu_);
+  // handles_[p * devices + i]: page p's allocation on the pool's i-th device.
+  std::vector<PhysicalHandle> handles_ ABSL_GUARDED_BY(mu_);
+  std::deque<PageId> reclaimed_ ABSL_GUARDED_BY(mu_);
+
+  std::string failure_ ABSL_GUARDED_BY(mu_);
   Bytes limit_bytes_ ABSL_GUARDED_BY(mu_);
   int64_t limit_revision_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t target_pages_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, std::string>> expiry_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> expired_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> expired_order_ ABSL_GUARDED_BY(mu_);
   uint64_t next_reservation_ ABSL_GUARDED_BY(mu_) = 1;

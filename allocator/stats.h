@@ -34,8 +34,6 @@ struct LatencyHistogram {
 };
 
 struct PoolStats {
-  // Outcomes of Alloc, Free and Reserve, indexed by FailureReason (0 = OK).
-  std::array<int64_t, kMaxFailureReason + 1> outcomes = {};
   int64_t alloc_calls = 0;
   int64_t free_calls = 0;
   int64_t reserve_calls = 0;
@@ -48,6 +46,8 @@ struct PoolStats {
   int64_t reservations_expired_total = 0;
   int64_t idempotent_replays_total = 0;
   int64_t peak_mapped_pages = 0;
+  // Outcomes of Alloc, Free and Reserve, indexed by FailureReason (0 = OK).
+  std::array<int64_t, kMaxFailureReason + 1> outcomes = {};
   LatencyHistogram map_latency;  // one page on every device of the pool
   LatencyHistogram unmap_latency;
 

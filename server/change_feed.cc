@@ -13,15 +13,18 @@ bool ChangeFeed::Subscribe(const std::string& pool,
   absl::MutexLock lock(&mu_);
   if (closed_) return false;
   subscribers_[s.get()] = Entry{pool, std::move(subscriber)};
+  count_.store(static_cast<int>(subscribers_.size()));
   return true;
 }
 
 void ChangeFeed::Unsubscribe(const Subscriber* subscriber) {
   absl::MutexLock lock(&mu_);
   subscribers_.erase(subscriber);
+  count_.store(static_cast<int>(subscribers_.size()));
 }
 
 void ChangeFeed::Publish(const std::string& pool) {
+  if (count_.load() == 0) return;
   std::vector<std::shared_ptr<Subscriber>> targets;
   {
     absl::MutexLock lock(&mu_);

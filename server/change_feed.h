@@ -20,6 +20,7 @@
 #ifndef KVBROKER_SERVER_CHANGE_FEED_H_
 #define KVBROKER_SERVER_CHANGE_FEED_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -73,6 +74,11 @@ class ChangeFeed {
   // entry: watchers are few (tens), changes many, and a walk allocates
   // nothing beyond the target list.
   std::map<const Subscriber*, Entry> subscribers_ ABSL_GUARDED_BY(mu_);
+  // == subscribers_.size(), readable without mu_: Publish with nobody
+  // watching (every Alloc and Free of a pool nobody watches) takes no lock.
+  // A subscriber that registers while a Publish skips loses nothing: its
+  // first snapshot is read after it registered.
+  std::atomic<int> count_{0};
 };
 
 }  // namespace kvbroker

@@ -287,8 +287,7 @@ grpc::ServerUnaryReactor* KvBrokerService::Free(
         broker_->GetPool(request->pool());
     if (!pool.ok()) return pool.status();
     FreeRequest free;
-    free.block_ids.assign(request->block_ids().begin(),
-                          request->block_ids().end());
+    free.block_ids = request->block_ids();  // a view: request outlives the call
     free.request_id = request->request_id();
     absl::StatusOr<FreeResult> result = (*pool)->Free(free);
     if (!result.ok()) return result.status();

@@ -189,7 +189,9 @@ TEST_P(GrpcDaemon, ReflectionV1AndV1AlphaListServicesAndResolveErrorInfo) {
     ServerReflectionRequest api;
     api.set_file_containing_symbol("kvbroker.v1.KvBroker.Alloc");
     ReflectedPool api_pool(Ask(stream.get(), api));
-    if (!v1alpha) EXPECT_EQ(api_pool.duplicates(), 0);
+    if (!v1alpha) {
+      EXPECT_EQ(api_pool.duplicates(), 0);
+    }
     const google::protobuf::ServiceDescriptor* service =
         api_pool.pool().FindServiceByName("kvbroker.v1.KvBroker");
     ASSERT_NE(service, nullptr);
