@@ -417,5 +417,87 @@ TEST_F(CliTest, TopInTmux) {
   EXPECT_EQ(ReadAll(rc_file), "0\n");
 }
 
+// kvbrokerd with mutual TLS on TCP and bearer tokens scoped to pools
+// (--tls_cert, --tls_key, --tls_client_ca, --auth_tokens), driven through
+// kvbrokerctl's --tls_* and --token flags. The certificates are the test
+// ones of client/testdata.
+TEST(CliSecureDaemon, MutualTlsAndScopedTokens) {
+  const char* env = std::getenv("TEST_TMPDIR");
+  const std::string tmp = env != nullptr ? env : "/tmp";
+  const std::string tokens = tmp + "/tokens.textproto";
+  {
+    std::ofstream f(tokens);
+    f << "tokens { name: \"admin\" token: \"admin-token-0123456789\" "
+         "pools: \"*\" }\n"
+         "tokens { name: \"engine\" token: \"engine-token-0123456789\" "
+         "pools: \"mine\" }\n";
+  }
+  const std::string data = "client/testdata/";
+  const pid_t daemon = Spawn(
+      {"server/kvbrokerd", "--backend=host", "--listen=127.0.0.1:0",
+       "--unix_socket=", "--min_idle_pages=0", "--max_idle_pages=0",
+       "--tls_cert=" + data + "server.pem", "--tls_key=" + data + "server.key",
+       "--tls_client_ca=" + data + "ca.pem", "--auth_tokens=" + tokens},
+      tmp + "/secure.out", tmp + "/secure.log");
+  std::string address;
+  ASSERT_TRUE(Eventually([&] {
+    // "kvbrokerd: ... on 127.0.0.1:PORT (mutual TLS)"
+    const std::string out = ReadAll(tmp + "/secure.out");
+    const size_t at = out.find(" on 127.0.0.1:");
+    if (at == std::string::npos) return false;
+    const size_t end = out.find(' ', at + 4);
+    address = out.substr(at + 4, end - at - 4);
+    return absl::StrContains(out, "(mutual TLS)");
+  })) << ReadAll(tmp + "/secure.log");
+  EXPECT_TRUE(
+      absl::StrContains(ReadAll(tmp + "/secure.log"), "2 bearer token(s)"));
+
+  int n = 0;
+  auto ctl = [&](const std::string& token, bool client_cert,
+                 std::vector<std::string> args) {
+    std::vector<std::string> argv = {"client/kvbrokerctl",
+                                     "--server=" + address,
+                                     "--tls_ca=" + data + "ca.pem"};
+    if (client_cert) {
+      argv.push_back("--tls_cert=" + data + "client.pem");
+      argv.push_back("--tls_key=" + data + "client.key");
+    }
+    if (!token.empty()) argv.push_back("--token=" + token);
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string base = absl::StrCat(tmp, "/secure-run", n++);
+    Result r;
+    r.rc = Wait(Spawn(argv, base + ".out", base + ".err"));
+    r.out = ReadAll(base + ".out");
+    r.err = ReadAll(base + ".err");
+    return r;
+  };
+  const std::string admin = "admin-token-0123456789";
+  const std::string engine = "engine-token-0123456789";
+  for (const char* pool : {"mine", "theirs"}) {
+    Result r = ctl(admin, true,
+                   {"create-pool", pool, "--page_size=2MiB",
+                    "--block_bytes=1MiB", "--max_blocks=4"});
+    ASSERT_EQ(r.rc, 0) << r.err;
+  }
+  Result r = ctl(engine, true, {"alloc", "mine", "2"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = ctl(engine, true, {"alloc", "theirs", "1"});
+  EXPECT_EQ(r.rc, 8) << r.out << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "PERMISSION_DENIED")) << r.err;
+  r = ctl("", true, {"capacity", "mine"});
+  EXPECT_EQ(r.rc, 8) << r.out << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "UNAUTHENTICATED")) << r.err;
+  r = ctl(engine, true, {"pools", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "\"mine\"")) << r.out;
+  EXPECT_FALSE(absl::StrContains(r.out, "\"theirs\"")) << r.out;
+  // Without a client certificate the handshake fails: unavailable.
+  r = ctl(admin, false, {"capacity", "mine", "--timeout=5s"});
+  EXPECT_EQ(r.rc, 6) << r.out << r.err;
+
+  kill(daemon, SIGTERM);
+  EXPECT_EQ(Wait(daemon), 0) << ReadAll(tmp + "/secure.log");
+}
+
 }  // namespace
 }  // namespace kvbroker

@@ -59,8 +59,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
       Broker::Create(backend, std::move(broker_options));
   if (!broker.ok()) return broker.status();
   daemon->broker_ = *std::move(broker);
-  daemon->service_ =
-      std::make_unique<KvBrokerService>(daemon->broker_.get(), feed);
+  daemon->service_ = std::make_unique<KvBrokerService>(
+      daemon->broker_.get(), feed, daemon->options_.access.get());
   return daemon;
 }
 
@@ -99,7 +99,10 @@ absl::Status Daemon::Start() {
   // A second daemon on the same port must fail, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (!options_.listen.empty()) {
-    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
+    builder.AddListeningPort(options_.listen,
+                             options_.tcp_credentials != nullptr
+                                 ? options_.tcp_credentials
+                                 : grpc::InsecureServerCredentials(),
                              &tcp_port_);
   }
   if (!options_.unix_socket.empty()) {

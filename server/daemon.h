@@ -45,6 +45,7 @@
 #include "allocator/backend.h"
 #include "allocator/broker.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
+#include "server/access.h"
 #include "server/change_feed.h"
 #include "server/kvbroker_service.h"
 
@@ -59,6 +60,12 @@ struct DaemonOptions {
   absl::Duration drain_timeout = absl::Seconds(10);
   // How often health re-reads Broker::healthy().
   absl::Duration health_interval = absl::Milliseconds(200);
+  // Credentials of the TCP listener (TLS, mutual TLS); null: plaintext. The
+  // Unix socket is always plaintext: its file permissions guard it.
+  std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
+  // Bearer tokens scoped to pools (access.h), on both listeners; null:
+  // every call is admitted.
+  std::shared_ptr<const AccessPolicy> access;
   // More services served beside KvBroker by the same server (benchmarks
   // register their baseline ping here). Not owned; must outlive the daemon.
   std::vector<grpc::Service*> extra_services;

@@ -30,14 +30,21 @@ void LogFailure(absl::string_view method, absl::string_view pool,
       absl::StatusCodeToString(status.code()), status.message());
 }
 
-// Runs one unary call: refuses a call that is already cancelled or past its
-// deadline, otherwise runs `body` (which fills the response) and finishes
-// with its converted status.
+// Runs one unary call: refuses a call that was not admitted (`admission`,
+// see KvBrokerService::Admit), is already cancelled or past its deadline;
+// otherwise runs `body` (which fills the response) and finishes with its
+// converted status.
 template <typename Body>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
                                 absl::string_view method,
-                                absl::string_view pool, Body&& body) {
+                                absl::string_view pool,
+                                const absl::Status& admission, Body&& body) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!admission.ok()) {
+    LogFailure(method, pool, admission);
+    reactor->Finish(ToGrpcStatus(admission));
+    return reactor;
+  }
   if (ctx->IsCancelled()) {
     reactor->Finish(grpc::Status::CANCELLED);
     return reactor;
@@ -184,13 +191,41 @@ class CapacityWatch final
 }  // namespace
 
 KvBrokerService::KvBrokerService(Broker* broker,
-                                 std::shared_ptr<ChangeFeed> feed)
-    : broker_(broker), feed_(std::move(feed)) {}
+                                 std::shared_ptr<ChangeFeed> feed,
+                                 const AccessPolicy* access)
+    : broker_(broker), feed_(std::move(feed)), access_(access) {}
+
+absl::StatusOr<const AccessPolicy::Grant*> KvBrokerService::Authenticate(
+    grpc::CallbackServerContext* ctx) const {
+  if (access_ == nullptr) return nullptr;
+  const auto& metadata = ctx->client_metadata();
+  auto it = metadata.find("authorization");
+  return access_->Authenticate(
+      it == metadata.end()
+          ? absl::string_view()
+          : absl::string_view(it->second.data(), it->second.size()));
+}
+
+absl::Status KvBrokerService::Admit(grpc::CallbackServerContext* ctx,
+                                    absl::string_view method,
+                                    absl::string_view pool) const {
+  if (access_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
+  if (!grant.ok()) return grant.status();
+  return AccessPolicy::Authorize(**grant, pool, method);
+}
 
 grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
     grpc::CallbackServerContext* ctx, const v1::CreatePoolRequest* request,
     v1::CreatePoolResponse* response) {
-  return Unary(ctx, "CreatePool", request->pool().name(), [&] {
+  absl::Status admission;
+  if (absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
+      !grant.ok()) {
+    admission = grant.status();
+  } else if (*grant != nullptr) {
+    admission = AccessPolicy::AuthorizeCreate(**grant, request->pool().name());
+  }
+  return Unary(ctx, "CreatePool", request->pool().name(), admission, [&] {
     absl::StatusOr<std::shared_ptr<PagePool>> pool =
         broker_->CreatePool(FromProto(request->pool()));
     if (!pool.ok()) return pool.status();
@@ -204,22 +239,26 @@ grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
 grpc::ServerUnaryReactor* KvBrokerService::GetPool(
     grpc::CallbackServerContext* ctx, const v1::GetPoolRequest* request,
     v1::GetPoolResponse* response) {
-  return Unary(ctx, "GetPool", request->pool(), [&] {
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->GetPool(request->pool());
-    if (!pool.ok()) return pool.status();
-    absl::StatusOr<CapacitySnapshot> capacity = (*pool)->Capacity();
-    if (!capacity.ok()) return capacity.status();
-    ToProto((*pool)->geometry(), *capacity, response->mutable_pool());
-    return absl::OkStatus();
-  });
+  return Unary(
+      ctx, "GetPool", request->pool(), Admit(ctx, "GetPool", request->pool()),
+      [&] {
+        absl::StatusOr<std::shared_ptr<PagePool>> pool =
+            broker_->GetPool(request->pool());
+        if (!pool.ok()) return pool.status();
+        absl::StatusOr<CapacitySnapshot> capacity = (*pool)->Capacity();
+        if (!capacity.ok()) return capacity.status();
+        ToProto((*pool)->geometry(), *capacity, response->mutable_pool());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::ListPools(
     grpc::CallbackServerContext* ctx, const v1::ListPoolsRequest* /*request*/,
     v1::ListPoolsResponse* response) {
-  return Unary(ctx, "ListPools", "", [&] {
+  absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
+  return Unary(ctx, "ListPools", "", grant.status(), [&] {
     for (const std::shared_ptr<PagePool>& pool : broker_->ListPools()) {
+      if (*grant != nullptr && !(*grant)->Allows(pool->name())) continue;
       absl::StatusOr<CapacitySnapshot> capacity = pool->Capacity();
       if (!capacity.ok()) continue;  // deleted meanwhile
       ToProto(pool->geometry(), *capacity, response->add_pools());
@@ -231,190 +270,208 @@ grpc::ServerUnaryReactor* KvBrokerService::ListPools(
 grpc::ServerUnaryReactor* KvBrokerService::DeletePool(
     grpc::CallbackServerContext* ctx, const v1::DeletePoolRequest* request,
     v1::DeletePoolResponse* /*response*/) {
-  return Unary(ctx, "DeletePool", request->pool(), [&] {
-    return broker_->DeletePool(request->pool(), request->force());
-  });
+  return Unary(ctx, "DeletePool", request->pool(),
+               Admit(ctx, "DeletePool", request->pool()), [&] {
+                 return broker_->DeletePool(request->pool(), request->force());
+               });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Capacity(
     grpc::CallbackServerContext* ctx, const v1::CapacityRequest* request,
     v1::CapacityResponse* response) {
-  return Unary(ctx, "Capacity", request->pool(), [&] {
-    if (request->max_pages() < 0) {
-      return InvalidField("max_pages", "must not be negative");
-    }
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->GetPool(request->pool());
-    if (!pool.ok()) return pool.status();
-    absl::StatusOr<CapacitySnapshot> capacity =
-        (*pool)->Capacity(CapacityQuery{request->max_pages()});
-    if (!capacity.ok()) return capacity.status();
-    ToProto(*capacity, response->mutable_capacity());
-    return absl::OkStatus();
-  });
+  return Unary(ctx, "Capacity", request->pool(),
+               Admit(ctx, "Capacity", request->pool()), [&] {
+                 if (request->max_pages() < 0) {
+                   return InvalidField("max_pages", "must not be negative");
+                 }
+                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
+                     broker_->GetPool(request->pool());
+                 if (!pool.ok()) return pool.status();
+                 absl::StatusOr<CapacitySnapshot> capacity =
+                     (*pool)->Capacity(CapacityQuery{request->max_pages()});
+                 if (!capacity.ok()) return capacity.status();
+                 ToProto(*capacity, response->mutable_capacity());
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Alloc(
     grpc::CallbackServerContext* ctx, const v1::AllocRequest* request,
     v1::AllocResponse* response) {
-  return Unary(ctx, "Alloc", request->pool(), [&] {
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->GetPool(request->pool());
-    if (!pool.ok()) return pool.status();
-    AllocRequest alloc;
-    alloc.num_blocks = request->num_blocks();
-    alloc.request_id = request->request_id();
-    alloc.reservation_id = request->reservation_id();
-    if (request->has_expected_generation()) {
-      alloc.expected_generation = request->expected_generation();
-    }
-    absl::StatusOr<AllocResult> result = (*pool)->Alloc(alloc);
-    if (!result.ok()) return result.status();
-    ToProto(result->pages, response->mutable_pages());
-    response->set_num_blocks(result->num_blocks);
-    response->set_generation(result->generation);
-    response->set_replayed(result->replayed);
-    response->set_pages_mapped(result->pages_mapped);
-    return absl::OkStatus();
-  });
+  return Unary(ctx, "Alloc", request->pool(),
+               Admit(ctx, "Alloc", request->pool()), [&] {
+                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
+                     broker_->GetPool(request->pool());
+                 if (!pool.ok()) return pool.status();
+                 AllocRequest alloc;
+                 alloc.num_blocks = request->num_blocks();
+                 alloc.request_id = request->request_id();
+                 alloc.reservation_id = request->reservation_id();
+                 if (request->has_expected_generation()) {
+                   alloc.expected_generation = request->expected_generation();
+                 }
+                 absl::StatusOr<AllocResult> result = (*pool)->Alloc(alloc);
+                 if (!result.ok()) return result.status();
+                 ToProto(result->pages, response->mutable_pages());
+                 response->set_num_blocks(result->num_blocks);
+                 response->set_generation(result->generation);
+                 response->set_replayed(result->replayed);
+                 response->set_pages_mapped(result->pages_mapped);
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Free(
     grpc::CallbackServerContext* ctx, const v1::FreeRequest* request,
     v1::FreeResponse* response) {
-  return Unary(ctx, "Free", request->pool(), [&] {
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->GetPool(request->pool());
-    if (!pool.ok()) return pool.status();
-    FreeRequest free;
-    free.block_ids = request->block_ids();  // a view: request outlives the call
-    free.request_id = request->request_id();
-    absl::StatusOr<FreeResult> result = (*pool)->Free(free);
-    if (!result.ok()) return result.status();
-    response->set_freed_blocks(result->freed_blocks);
-    response->set_pages_unmapped(result->pages_unmapped);
-    response->set_generation(result->generation);
-    response->set_replayed(result->replayed);
-    return absl::OkStatus();
-  });
+  return Unary(ctx, "Free", request->pool(),
+               Admit(ctx, "Free", request->pool()), [&] {
+                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
+                     broker_->GetPool(request->pool());
+                 if (!pool.ok()) return pool.status();
+                 FreeRequest free;
+                 free.block_ids =
+                     request->block_ids();  // a view: request outlives the call
+                 free.request_id = request->request_id();
+                 absl::StatusOr<FreeResult> result = (*pool)->Free(free);
+                 if (!result.ok()) return result.status();
+                 response->set_freed_blocks(result->freed_blocks);
+                 response->set_pages_unmapped(result->pages_unmapped);
+                 response->set_generation(result->generation);
+                 response->set_replayed(result->replayed);
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Reserve(
     grpc::CallbackServerContext* ctx, const v1::ReserveRequest* request,
     v1::ReserveResponse* response) {
-  return Unary(ctx, "Reserve", request->pool(), [&] {
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->GetPool(request->pool());
-    if (!pool.ok()) return pool.status();
-    ReserveRequest reserve;
-    reserve.num_blocks = request->num_blocks();
-    if (request->has_ttl()) reserve.ttl = FromProto(request->ttl());
-    reserve.request_id = request->request_id();
-    absl::StatusOr<ReservationInfo> result = (*pool)->Reserve(reserve);
-    if (!result.ok()) return result.status();
-    response->set_reservation_id(result->reservation_id);
-    ToProto(result->pages, response->mutable_pages());
-    response->set_num_blocks(result->num_blocks);
-    ToProto(result->expires, response->mutable_expire_time());
-    response->set_generation(result->generation);
-    response->set_replayed(result->replayed);
-    return absl::OkStatus();
-  });
+  return Unary(ctx, "Reserve", request->pool(),
+               Admit(ctx, "Reserve", request->pool()), [&] {
+                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
+                     broker_->GetPool(request->pool());
+                 if (!pool.ok()) return pool.status();
+                 ReserveRequest reserve;
+                 reserve.num_blocks = request->num_blocks();
+                 if (request->has_ttl())
+                   reserve.ttl = FromProto(request->ttl());
+                 reserve.request_id = request->request_id();
+                 absl::StatusOr<ReservationInfo> result =
+                     (*pool)->Reserve(reserve);
+                 if (!result.ok()) return result.status();
+                 response->set_reservation_id(result->reservation_id);
+                 ToProto(result->pages, response->mutable_pages());
+                 response->set_num_blocks(result->num_blocks);
+                 ToProto(result->expires, response->mutable_expire_time());
+                 response->set_generation(result->generation);
+                 response->set_replayed(result->replayed);
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::ReleaseReservation(
     grpc::CallbackServerContext* ctx,
     const v1::ReleaseReservationRequest* request,
     v1::ReleaseReservationResponse* response) {
-  return Unary(ctx, "ReleaseReservation", request->pool(), [&] {
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->GetPool(request->pool());
-    if (!pool.ok()) return pool.status();
-    absl::StatusOr<ReleaseResult> result =
-        (*pool)->ReleaseReservation(request->reservation_id());
-    if (!result.ok()) return result.status();
-    response->set_released_blocks(result->released_blocks);
-    response->set_generation(result->generation);
-    return absl::OkStatus();
-  });
+  return Unary(ctx, "ReleaseReservation", request->pool(),
+               Admit(ctx, "ReleaseReservation", request->pool()), [&] {
+                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
+                     broker_->GetPool(request->pool());
+                 if (!pool.ok()) return pool.status();
+                 absl::StatusOr<ReleaseResult> result =
+                     (*pool)->ReleaseReservation(request->reservation_id());
+                 if (!result.ok()) return result.status();
+                 response->set_released_blocks(result->released_blocks);
+                 response->set_generation(result->generation);
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::SetMemoryLimit(
     grpc::CallbackServerContext* ctx, const v1::SetMemoryLimitRequest* request,
     v1::SetMemoryLimitResponse* response) {
-  return Unary(ctx, "SetMemoryLimit", request->pool(), [&] {
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->GetPool(request->pool());
-    if (!pool.ok()) return pool.status();
-    absl::StatusOr<LimitResult> result = (*pool)->SetMemoryLimit(
-        Bytes(request->limit_bytes()), request->revision());
-    if (!result.ok()) return result.status();
-    response->set_outcome(ToProto(result->outcome));
-    ToProto(result->limit, response->mutable_limit());
-    response->set_mapped_bytes(result->mapped_bytes.value());
-    response->set_generation(result->generation);
-    LogLine(
-        "SetMemoryLimit pool=%s limit_bytes=%d revision=%d: %s "
-        "(target %d pages, effective %d bytes, mapped %d bytes, overage %d "
-        "bytes)",
-        request->pool(), request->limit_bytes(), request->revision(),
-        LimitOutcomeName(result->outcome), result->limit.target_pages.value(),
-        result->limit.effective_bytes.value(), result->mapped_bytes.value(),
-        result->limit.overage_bytes.value());
-    return absl::OkStatus();
-  });
+  return Unary(
+      ctx, "SetMemoryLimit", request->pool(),
+      Admit(ctx, "SetMemoryLimit", request->pool()), [&] {
+        absl::StatusOr<std::shared_ptr<PagePool>> pool =
+            broker_->GetPool(request->pool());
+        if (!pool.ok()) return pool.status();
+        absl::StatusOr<LimitResult> result = (*pool)->SetMemoryLimit(
+            Bytes(request->limit_bytes()), request->revision());
+        if (!result.ok()) return result.status();
+        response->set_outcome(ToProto(result->outcome));
+        ToProto(result->limit, response->mutable_limit());
+        response->set_mapped_bytes(result->mapped_bytes.value());
+        response->set_generation(result->generation);
+        LogLine(
+            "SetMemoryLimit pool=%s limit_bytes=%d revision=%d: %s "
+            "(target %d pages, effective %d bytes, mapped %d bytes, overage %d "
+            "bytes)",
+            request->pool(), request->limit_bytes(), request->revision(),
+            LimitOutcomeName(result->outcome),
+            result->limit.target_pages.value(),
+            result->limit.effective_bytes.value(), result->mapped_bytes.value(),
+            result->limit.overage_bytes.value());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Trim(
     grpc::CallbackServerContext* ctx, const v1::TrimRequest* request,
     v1::TrimResponse* response) {
-  return Unary(ctx, "Trim", request->pool(), [&] {
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->GetPool(request->pool());
-    if (!pool.ok()) return pool.status();
-    absl::StatusOr<TrimResult> result = (*pool)->Trim(request->max_pages());
-    if (!result.ok()) return result.status();
-    response->set_pages_unmapped(result->pages_unmapped);
-    response->set_generation(result->generation);
-    if (result->pages_unmapped > 0) {
-      LogLine("Trim pool=%s: unmapped %d idle pages", request->pool(),
-              result->pages_unmapped);
-    }
-    return absl::OkStatus();
-  });
+  return Unary(
+      ctx, "Trim", request->pool(), Admit(ctx, "Trim", request->pool()), [&] {
+        absl::StatusOr<std::shared_ptr<PagePool>> pool =
+            broker_->GetPool(request->pool());
+        if (!pool.ok()) return pool.status();
+        absl::StatusOr<TrimResult> result = (*pool)->Trim(request->max_pages());
+        if (!result.ok()) return result.status();
+        response->set_pages_unmapped(result->pages_unmapped);
+        response->set_generation(result->generation);
+        if (result->pages_unmapped > 0) {
+          LogLine("Trim pool=%s: unmapped %d idle pages", request->pool(),
+                  result->pages_unmapped);
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::GetPageOccupancy(
     grpc::CallbackServerContext* ctx,
     const v1::GetPageOccupancyRequest* request,
     v1::GetPageOccupancyResponse* response) {
-  return Unary(ctx, "GetPageOccupancy", request->pool(), [&] {
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->GetPool(request->pool());
-    if (!pool.ok()) return pool.status();
-    std::vector<PageId> ids(request->page_ids().begin(),
-                            request->page_ids().end());
-    absl::StatusOr<std::vector<PageOccupancy>> result =
-        (*pool)->GetPageOccupancy(ids);
-    if (!result.ok()) return result.status();
-    for (const PageOccupancy& o : *result) ToProto(o, response->add_pages());
-    return absl::OkStatus();
-  });
+  return Unary(ctx, "GetPageOccupancy", request->pool(),
+               Admit(ctx, "GetPageOccupancy", request->pool()), [&] {
+                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
+                     broker_->GetPool(request->pool());
+                 if (!pool.ok()) return pool.status();
+                 std::vector<PageId> ids(request->page_ids().begin(),
+                                         request->page_ids().end());
+                 absl::StatusOr<std::vector<PageOccupancy>> result =
+                     (*pool)->GetPageOccupancy(ids);
+                 if (!result.ok()) return result.status();
+                 for (const PageOccupancy& o : *result)
+                   ToProto(o, response->add_pages());
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerWriteReactor<v1::WatchCapacityResponse>*
-KvBrokerService::WatchCapacity(grpc::CallbackServerContext* /*ctx*/,
+KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
                                const v1::WatchCapacityRequest* request) {
-  absl::Status refused;
-  std::shared_ptr<PagePool> pool;
-  if (request->max_pages() < 0) {
+  absl::Status refused = Admit(ctx, "WatchCapacity", request->pool());
+  if (refused.ok() && request->max_pages() < 0) {
     refused = InvalidField("max_pages", "must not be negative");
-  } else if (absl::StatusOr<std::shared_ptr<PagePool>> found =
-                 broker_->GetPool(request->pool());
-             !found.ok()) {
-    refused = found.status();
-  } else {
-    pool = *std::move(found);
+  }
+  std::shared_ptr<PagePool> pool;
+  if (refused.ok()) {
+    absl::StatusOr<std::shared_ptr<PagePool>> found =
+        broker_->GetPool(request->pool());
+    if (found.ok()) {
+      pool = *std::move(found);
+    } else {
+      refused = found.status();
+    }
   }
   if (!refused.ok()) {
     LogFailure("WatchCapacity", request->pool(), refused);

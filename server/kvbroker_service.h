@@ -22,6 +22,11 @@
 // with CANCELLED when the client goes away or its deadline passes, and with OK
 // when the feed closes (the server is draining).
 //
+// Access: with an AccessPolicy (--auth_tokens), every call is authenticated
+// and the pool it names authorized before anything else happens
+// (access.h); ListPools shows a token the pools it may use. WatchCapacity is
+// checked when it starts.
+//
 // Logging: one line on stderr per failed call (method, pool, reason, code,
 // message) and per memory-limit or trim change; the broker logs pool creation
 // and deletion itself.
@@ -38,14 +43,17 @@
 
 #include "allocator/broker.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
+#include "server/access.h"
 #include "server/change_feed.h"
 
 namespace kvbroker {
 
 class KvBrokerService final : public v1::KvBroker::CallbackService {
  public:
-  // `feed` must receive the broker's on_change notifications.
-  KvBrokerService(Broker* broker, std::shared_ptr<ChangeFeed> feed);
+  // `feed` must receive the broker's on_change notifications. `access`
+  // (nullable: every call is admitted) must outlive the service.
+  KvBrokerService(Broker* broker, std::shared_ptr<ChangeFeed> feed,
+                  const AccessPolicy* access = nullptr);
 
   KvBrokerService(const KvBrokerService&) = delete;
   KvBrokerService& operator=(const KvBrokerService&) = delete;
@@ -94,8 +102,16 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
       v1::GetPageOccupancyResponse* response) override;
 
  private:
+  // The caller's grant; nullptr (and OK) without an access policy.
+  absl::StatusOr<const AccessPolicy::Grant*> Authenticate(
+      grpc::CallbackServerContext* ctx) const;
+  // Authenticates and authorizes a call that names `pool`.
+  absl::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method,
+                     absl::string_view pool) const;
+
   Broker* const broker_;
   const std::shared_ptr<ChangeFeed> feed_;
+  const AccessPolicy* const access_;
 };
 
 }  // namespace kvbroker

@@ -5,6 +5,7 @@
 // Unix socket, and drains on SIGTERM or SIGINT (exit status 0).
 
 #include <google/protobuf/text_format.h>
+#include <grpcpp/security/server_credentials.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -34,6 +35,7 @@
 #include "allocator/units.h"
 #include "common/byte_size.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
+#include "server/access.h"
 #include "server/daemon.h"
 #include "server/log.h"
 
@@ -96,6 +98,20 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "On SIGTERM/SIGINT: how long in-flight calls may take to finish "
           "before they are cancelled.");
 
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the TCP listener. With --tls_key, the TCP "
+          "listener speaks TLS only.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed "
+          "(mutual TLS). Needs --tls_cert and --tls_key.");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "File of bearer tokens scoped to pools, in protobuf text format "
+          "(kvbroker.v1.AuthTokensFile: 'tokens { name: \"scheduler\" "
+          "token: \"...\" pools: \"*\" }'). With it every KvBroker call "
+          "on either listener needs 'authorization: Bearer TOKEN'; health, "
+          "reflection and channelz stay open. Keep the file private.");
+
 namespace kvbroker {
 namespace {
 
@@ -128,17 +144,77 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
   return std::unique_ptr<Backend>(new HostBackend(host_options));
 }
 
-absl::StatusOr<v1::PoolsFile> ReadPoolsFile(const std::string& path) {
+absl::StatusOr<std::string> ReadFile(const std::string& flag,
+                                     const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--", flag, ": cannot read ", path));
+  }
   std::stringstream text;
   text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<v1::PoolsFile> ReadPoolsFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile("pools", path);
+  if (!text.ok()) return text.status();
   v1::PoolsFile pools;
-  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &pools)) {
+  if (!google::protobuf::TextFormat::ParseFromString(*text, &pools)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, " is not a valid kvbroker.v1.PoolsFile in text format"));
   }
   return pools;
+}
+
+// --tls_cert, --tls_key, --tls_client_ca -> the TCP listener's credentials;
+// null when TLS is not configured.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials() {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_tls_key);
+  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert.empty() && key.empty() && client_ca.empty()) return nullptr;
+  if (cert.empty() || key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together (and --tls_client_ca needs "
+        "both)");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  absl::StatusOr<std::string> cert_pem = ReadFile("tls_cert", cert);
+  if (!cert_pem.ok()) return cert_pem.status();
+  absl::StatusOr<std::string> key_pem = ReadFile("tls_key", key);
+  if (!key_pem.ok()) return key_pem.status();
+  pair.cert_chain = *std::move(cert_pem);
+  pair.private_key = *std::move(key_pem);
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!client_ca.empty()) {
+    absl::StatusOr<std::string> ca_pem = ReadFile("tls_client_ca", client_ca);
+    if (!ca_pem.ok()) return ca_pem.status();
+    ssl.pem_root_certs = *std::move(ca_pem);
+    ssl.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::StatusOr<std::shared_ptr<const AccessPolicy>> ReadAuthTokens() {
+  const std::string path = absl::GetFlag(FLAGS_auth_tokens);
+  if (path.empty()) return nullptr;
+  absl::StatusOr<std::string> text = ReadFile("auth_tokens", path);
+  if (!text.ok()) return text.status();
+  v1::AuthTokensFile file;
+  if (!google::protobuf::TextFormat::ParseFromString(*text, &file)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--auth_tokens: ", path,
+        " is not a valid kvbroker.v1.AuthTokensFile in text format"));
+  }
+  absl::StatusOr<AccessPolicy> policy = AccessPolicy::Create(file);
+  if (!policy.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_tokens: ", path, ": ", policy.status().message()));
+  }
+  return std::make_shared<const AccessPolicy>(*std::move(policy));
 }
 
 int Fail(const absl::Status& status) {
@@ -173,6 +249,21 @@ int Run() {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
+      TlsCredentials();
+  if (!tls.ok()) return Fail(tls.status());
+  options.tcp_credentials = *tls;
+  absl::StatusOr<std::shared_ptr<const AccessPolicy>> access = ReadAuthTokens();
+  if (!access.ok()) return Fail(access.status());
+  options.access = *access;
+  if (options.access != nullptr) {
+    LogLine("%d bearer token(s) from %s; KvBroker calls need one",
+            options.access->size(), absl::GetFlag(FLAGS_auth_tokens));
+    if (options.tcp_credentials == nullptr && !options.listen.empty()) {
+      LogLine("warning: --auth_tokens without TLS: tokens cross %s in clear",
+              options.listen);
+    }
+  }
 
   absl::StatusOr<std::unique_ptr<Daemon>> daemon =
       Daemon::Create(backend->get(), broker_options, options);
@@ -191,7 +282,12 @@ int Run() {
       "kvbroker.v1.KvBroker",
       (*backend)->name(), (*backend)->device_count());
   if (!(*daemon)->tcp_address().empty()) {
-    absl::PrintF(" on %s", (*daemon)->tcp_address());
+    absl::PrintF(
+        " on %s%s", (*daemon)->tcp_address(),
+        options.tcp_credentials == nullptr
+            ? ""
+            : (absl::GetFlag(FLAGS_tls_client_ca).empty() ? " (TLS)"
+                                                          : " (mutual TLS)"));
   }
   if (!(*daemon)->unix_address().empty()) {
     absl::PrintF("%s %s", (*daemon)->tcp_address().empty() ? " on" : " and",

@@ -68,6 +68,8 @@ Rig::Rig(RigOptions options)
   daemon_options.unix_socket = unix_path;
   daemon_options.drain_timeout = options.drain_timeout;
   daemon_options.health_interval = absl::Milliseconds(20);
+  daemon_options.tcp_credentials = options.tcp_credentials;
+  daemon_options.access = options.access;
   absl::StatusOr<std::unique_ptr<Daemon>> created =
       Daemon::Create(&backend, broker_options, daemon_options);
   if (!created.ok()) {

@@ -50,6 +50,9 @@ struct RigOptions {
   bool start_worker = false;
   Clock* clock = nullptr;  // nullptr: the real clock
   absl::Duration drain_timeout = absl::Seconds(5);
+  // DaemonOptions::tcp_credentials and ::access.
+  std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
+  std::shared_ptr<const AccessPolicy> access;
 };
 
 // A started daemon. Construction failures are reported with ADD_FAILURE and

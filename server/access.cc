@@ -1,0 +1,133 @@
+// AccessPolicy: token validation, constant-time lookup, pool checks.
+
+#include "server/access.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/failure.h"
+
+namespace kvbroker {
+namespace {
+
+// Equal contents, in time that depends only on the lengths.
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i]) ^
+            static_cast<unsigned char>(b.empty() ? 0 : b[i % b.size()]);
+  }
+  return diff == 0;
+}
+
+absl::Status Unauthenticated(absl::string_view why) {
+  return MakeFailure(
+      FailureReason::kUnauthenticated,
+      absl::StrCat(why, "; send 'authorization: Bearer <token>'"), {});
+}
+
+}  // namespace
+
+absl::StatusOr<AccessPolicy> AccessPolicy::Create(
+    const v1::AuthTokensFile& file) {
+  if (file.tokens().empty()) {
+    return absl::InvalidArgumentError("the tokens file grants no token");
+  }
+  AccessPolicy policy;
+  absl::flat_hash_set<std::string> names, tokens;
+  for (int i = 0; i < file.tokens_size(); ++i) {
+    const v1::AuthToken& t = file.tokens(i);
+    const std::string where =
+        absl::StrCat("tokens[", i, "]", t.name().empty() ? "" : " (", t.name(),
+                     t.name().empty() ? "" : ")");
+    if (t.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": no name"));
+    }
+    if (!names.insert(t.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the name is used twice"));
+    }
+    if (t.token().size() < kMinTokenLength) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the token is shorter than ", kMinTokenLength,
+                       " characters"));
+    }
+    for (char c : t.token()) {
+      if (!absl::ascii_isgraph(static_cast<unsigned char>(c))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": the token must be printable ASCII without spaces"));
+      }
+    }
+    if (!tokens.insert(t.token()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the token is used by another entry"));
+    }
+    if (t.pools().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no pools (use \"*\" for every pool)"));
+    }
+    Entry e;
+    e.token = t.token();
+    e.grant.name = t.name();
+    for (const std::string& pool : t.pools()) {
+      if (pool == "*") {
+        e.grant.all_pools = true;
+      } else if (pool.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": an empty pool name"));
+      } else {
+        e.grant.pools.insert(pool);
+      }
+    }
+    policy.entries_.push_back(std::move(e));
+  }
+  return policy;
+}
+
+absl::StatusOr<const AccessPolicy::Grant*> AccessPolicy::Authenticate(
+    absl::string_view authorization) const {
+  if (authorization.empty()) {
+    return Unauthenticated("the call carries no credentials");
+  }
+  constexpr absl::string_view kScheme = "bearer ";
+  if (authorization.size() <= kScheme.size() ||
+      !absl::StartsWithIgnoreCase(authorization, kScheme)) {
+    return Unauthenticated("the authorization header is not a bearer token");
+  }
+  const absl::string_view token =
+      absl::StripAsciiWhitespace(authorization.substr(kScheme.size()));
+  const Grant* found = nullptr;
+  for (const Entry& e : entries_) {  // every entry: no early exit
+    if (SameSecret(e.token, token)) found = &e.grant;
+  }
+  if (found == nullptr) return Unauthenticated("the bearer token is unknown");
+  return found;
+}
+
+absl::Status AccessPolicy::Authorize(const Grant& grant, absl::string_view pool,
+                                     absl::string_view method) {
+  if (grant.Allows(pool)) return absl::OkStatus();
+  return MakeFailure(FailureReason::kPermissionDenied,
+                     absl::StrCat("token ", grant.name, " may not use pool ",
+                                  pool, " (", method, ")"),
+                     {{"pool", std::string(pool)},
+                      {"token_name", grant.name},
+                      {"method", std::string(method)}});
+}
+
+absl::Status AccessPolicy::AuthorizeCreate(const Grant& grant,
+                                           absl::string_view pool) {
+  if (grant.all_pools) return absl::OkStatus();
+  return MakeFailure(FailureReason::kPermissionDenied,
+                     absl::StrCat("token ", grant.name,
+                                  " may not create pools (only a token "
+                                  "granted \"*\" may)"),
+                     {{"pool", std::string(pool)},
+                      {"token_name", grant.name},
+                      {"method", "CreatePool"}});
+}
+
+}  // namespace kvbroker

@@ -1,0 +1,78 @@
+// AccessPolicy: who may call the KvBroker service (SPEC 9, --auth_tokens).
+//
+// Each entry of the tokens file grants one bearer token a set of pools ("*"
+// is every pool, and only "*" may create pools). A call presents its token
+// in the "authorization: Bearer <token>" header; the service authenticates
+// the header first (UNAUTHENTICATED when it is missing, malformed or
+// unknown), then authorizes the pool the call names (PERMISSION_DENIED).
+// Both are typed failures (failure.h) and are checked before the call
+// touches a pool, so a refused call changes nothing.
+//
+// Tokens are compared in time independent of where they differ, and against
+// every entry, so response timing does not reveal a token's prefix. Logs and
+// error metadata name the entry (`name`), never the secret.
+//
+// Thread safety: immutable after Create; safe to share.
+
+#ifndef KVBROKER_SERVER_ACCESS_H_
+#define KVBROKER_SERVER_ACCESS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/kvbroker/v1/kvbroker.pb.h"
+
+namespace kvbroker {
+
+class AccessPolicy {
+ public:
+  // What one token may do.
+  struct Grant {
+    std::string name;
+    bool all_pools = false;
+    absl::flat_hash_set<std::string> pools;
+
+    bool Allows(absl::string_view pool) const {
+      return all_pools || pools.contains(pool);
+    }
+  };
+
+  // Shortest token accepted: shorter secrets are guessable.
+  static constexpr size_t kMinTokenLength = 16;
+
+  // Validates the file: at least one entry; each with a unique non-empty
+  // name, a unique token of at least kMinTokenLength printable characters,
+  // and at least one pool. INVALID_ARGUMENT names the offending entry.
+  static absl::StatusOr<AccessPolicy> Create(const v1::AuthTokensFile& file);
+
+  // The grant of the token in `authorization` (the header's value, e.g.
+  // "Bearer abc..."). UNAUTHENTICATED failure when absent, not a bearer
+  // credential, or unknown.
+  absl::StatusOr<const Grant*> Authenticate(
+      absl::string_view authorization) const;
+
+  // OK when `grant` covers `pool`; otherwise a PERMISSION_DENIED failure
+  // naming the grant, the pool and the method.
+  static absl::Status Authorize(const Grant& grant, absl::string_view pool,
+                                absl::string_view method);
+  // OK when `grant` may create pools (it has "*").
+  static absl::Status AuthorizeCreate(const Grant& grant,
+                                      absl::string_view pool);
+
+  int size() const { return static_cast<int>(entries_.size()); }
+
+ private:
+  struct Entry {
+    std::string token;
+    Grant grant;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace kvbroker
+
+#endif  // KVBROKER_SERVER_ACCESS_H_
