@@ -2,7 +2,9 @@
 //
 // Parses flags, builds the backend, creates the pools of --pools, serves
 // kvbroker.v1.KvBroker (plus health, reflection and channelz) on TCP and/or a
-// Unix socket, and drains on SIGTERM or SIGINT (exit status 0).
+// Unix socket, with TLS and bearer tokens when configured, Prometheus
+// metrics over HTTP on --metrics_listen, and drains on SIGTERM or SIGINT
+// (exit status 0).
 
 #include <google/protobuf/text_format.h>
 #include <grpcpp/security/server_credentials.h>
@@ -38,6 +40,7 @@
 #include "server/access.h"
 #include "server/daemon.h"
 #include "server/log.h"
+#include "server/metrics.h"
 
 namespace kvbroker {
 
@@ -105,6 +108,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: clients must present a certificate it signed "
           "(mutual TLS). Needs --tls_cert and --tls_key.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port of the Prometheus endpoint (GET /metrics, plain HTTP), "
+          "e.g. 0.0.0.0:9400; port 0 picks one. Empty: no metrics listener.");
 ABSL_FLAG(std::string, auth_tokens, "",
           "File of bearer tokens scoped to pools, in protobuf text format "
           "(kvbroker.v1.AuthTokensFile: 'tokens { name: \"scheduler\" "
@@ -276,6 +282,16 @@ int Run() {
     }
   }
   if (absl::Status s = (*daemon)->Start(); !s.ok()) return Fail(s);
+  std::unique_ptr<MetricsServer> metrics;
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+      !listen.empty()) {
+    Broker* broker = (*daemon)->broker();
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
+        MetricsServer::Start(listen,
+                             [broker] { return RenderMetrics(*broker); });
+    if (!started.ok()) return Fail(started.status());
+    metrics = *std::move(started);
+  }
 
   absl::PrintF(
       "kvbrokerd: %s backend with %d device(s); serving "
@@ -293,6 +309,11 @@ int Run() {
     absl::PrintF("%s %s", (*daemon)->tcp_address().empty() ? " on" : " and",
                  (*daemon)->unix_address());
   }
+  if (metrics != nullptr) {
+    const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+    absl::PrintF("; metrics on http://%s:%d/metrics",
+                 listen.substr(0, listen.rfind(':')), metrics->port());
+  }
   absl::PrintF("\n");
   std::fflush(stdout);
 
@@ -302,6 +323,7 @@ int Run() {
           signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
           absl::FormatDuration(options.drain_timeout));
   (*daemon)->Drain();
+  metrics.reset();  // it reads the broker
   daemon->reset();
   LogLine("stopped");
   return 0;

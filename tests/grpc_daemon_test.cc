@@ -3,6 +3,7 @@
 // Check and Watch, WatchCapacity, deadlines, idempotent retries across
 // transports, draining, and SIGTERM on a real kvbrokerd process.
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
@@ -10,8 +11,10 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/sync_stream.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
@@ -538,6 +542,30 @@ class Kvbrokerd {
   int stdout_ = -1;
 };
 
+// One HTTP/1.0 GET of `path` from 127.0.0.1:port; the whole answer.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "connect failed";
+  }
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
+  if (write(fd, request.data(), request.size()) !=
+      static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return "write failed";
+  }
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) answer.append(buf, n);
+  close(fd);
+  return answer;
+}
+
 // KVB_TEST_BACKEND=cuda runs the daemon on the GPUs (tools/gpu-run); the
 // default is the host backend. KVBROKERD overrides the binary's path.
 std::string BackendFlag() {
@@ -550,7 +578,8 @@ TEST(KvbrokerdProcess, SigtermDrainsAndExitsZero) {
   Kvbrokerd daemon({BackendFlag(), "--listen=127.0.0.1:0",
                     absl::StrCat("--unix_socket=", socket),
                     "--pools=examples/pools.textproto", "--min_idle_pages=0",
-                    "--host_device_memory=64GiB", "--drain_timeout=5s"});
+                    "--host_device_memory=64GiB", "--drain_timeout=5s",
+                    "--metrics_listen=127.0.0.1:0"});
   ASSERT_GT(daemon.pid(), 0);
   const std::string line = daemon.ReadLine(absl::Seconds(30));
   ASSERT_TRUE(absl::StrContains(line, "serving kvbroker.v1.KvBroker")) << line;
@@ -576,6 +605,28 @@ TEST(KvbrokerdProcess, SigtermDrainsAndExitsZero) {
   ASSERT_REPLY_OK(r);
   EXPECT_EQ(Ids(r->pages()), (std::vector<int64_t>{0, 1, 3}));
   EXPECT_EQ(tcp->GetPool("llama3-8b")->pool().bundle_bytes(), 128 * kMiB);
+
+  // "...; metrics on http://127.0.0.1:PORT/metrics": the same state there.
+  const size_t m = line.find("metrics on http://127.0.0.1:");
+  ASSERT_NE(m, std::string::npos) << line;
+  int metrics_port = 0;
+  const size_t port_at = m + std::strlen("metrics on http://127.0.0.1:");
+  ASSERT_TRUE(absl::SimpleAtoi(
+      line.substr(port_at, line.find('/', port_at) - port_at), &metrics_port))
+      << line;
+  const std::string scrape = HttpGet(metrics_port, "/metrics");
+  EXPECT_TRUE(absl::StrContains(scrape, " 200 ")) << scrape;
+  EXPECT_TRUE(absl::StrContains(
+      scrape, "\nkvbroker_pool_allocated_blocks{pool=\"demo\"} 3\n"))
+      << scrape;
+  EXPECT_TRUE(absl::StrContains(scrape,
+                                "\nkvbroker_pool_outcomes_total{pool=\"demo\","
+                                "reason=\"REQUEST_TOO_LARGE\"} "
+                                "1\n"))
+      << scrape;
+  EXPECT_TRUE(absl::StrContains(
+      scrape, "\nkvbroker_device_budget_bytes{device=\"0\"} "))
+      << scrape;
 
   {
     grpc::ClientContext watch_ctx;

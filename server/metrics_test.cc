@@ -1,0 +1,189 @@
+// Metrics: the exposition of a known broker state, exactly; and the HTTP
+// listener over a real socket.
+
+#include "server/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "allocator/failure.h"
+#include "allocator/host_backend.h"
+#include "allocator/units.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker {
+namespace {
+
+// The value of the one sample named exactly `series` ("" when absent).
+std::string Sample(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      return std::string(line.substr(series.size() + 1));
+    }
+  }
+  return "";
+}
+
+TEST(RenderMetrics, SeedCaseExactly) {
+  HostBackend host(HostBackendOptions{1, Bytes(kGiB), MiB(2)});
+  BrokerOptions bo;
+  bo.gpu_memory_utilization = 1.0;
+  bo.min_idle_pages = 0;
+  bo.max_idle_pages = 0;
+  bo.start_worker = false;
+  absl::StatusOr<std::unique_ptr<Broker>> broker = Broker::Create(&host, bo);
+  ASSERT_TRUE(broker.ok()) << broker.status();
+  PoolConfig seed;
+  seed.name = "seed";
+  seed.page_size = MiB(14);
+  seed.block_bytes = MiB(6);
+  seed.max_blocks = 5;
+  absl::StatusOr<std::shared_ptr<PagePool>> pool = (*broker)->CreatePool(seed);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  AllocRequest two;
+  two.num_blocks = 2;
+  ASSERT_TRUE((*pool)->Alloc(two).ok());  // blocks 0 and 1: page 0 mapped
+  AllocRequest four;
+  four.num_blocks = 4;
+  EXPECT_EQ(GetReason((*pool)->Alloc(four).status()),
+            FailureReason::kRequestTooLarge);
+
+  const std::string text = RenderMetrics(**broker);
+  const std::string p = "{pool=\"seed\"}";
+  EXPECT_EQ(Sample(text, "kvbroker_pool_available_blocks" + p), "1");
+  EXPECT_EQ(Sample(text, "kvbroker_pool_allocated_blocks" + p), "2");
+  EXPECT_EQ(Sample(text, "kvbroker_pool_reserved_blocks" + p), "0");
+  EXPECT_EQ(Sample(text, "kvbroker_pool_total_blocks" + p), "3");
+  EXPECT_EQ(Sample(text, "kvbroker_pool_mapped_bytes" + p), "14680064");
+  EXPECT_EQ(Sample(text, "kvbroker_pool_healthy" + p), "1");
+  // Three pages: page 0 (blocks 0, 1) FULL, page 1 (block 3) FREE, page 2
+  // (no whole block) EMPTY.
+  for (const auto& [state, n] :
+       std::vector<std::pair<std::string, std::string>>{{"free", "1"},
+                                                        {"mapping", "0"},
+                                                        {"idle", "0"},
+                                                        {"open", "0"},
+                                                        {"full", "1"},
+                                                        {"reclaimed", "0"},
+                                                        {"empty", "1"}}) {
+    EXPECT_EQ(Sample(text, "kvbroker_pool_pages{pool=\"seed\",state=\"" +
+                               state + "\"}"),
+              n)
+        << state;
+  }
+  EXPECT_EQ(
+      Sample(text, "kvbroker_pool_calls_total{pool=\"seed\",method=\"Alloc\"}"),
+      "2");
+  EXPECT_EQ(
+      Sample(text, "kvbroker_pool_outcomes_total{pool=\"seed\",reason=\"OK\"}"),
+      "1");
+  EXPECT_EQ(Sample(text,
+                   "kvbroker_pool_outcomes_total{pool=\"seed\","
+                   "reason=\"REQUEST_TOO_LARGE\"}"),
+            "1");
+  EXPECT_EQ(Sample(text, "kvbroker_pool_blocks_allocated_total" + p), "2");
+  EXPECT_EQ(Sample(text, "kvbroker_pool_pages_mapped_total" + p), "1");
+  EXPECT_EQ(Sample(text, "kvbroker_pool_map_seconds_count" + p), "1");
+  EXPECT_EQ(Sample(text,
+                   "kvbroker_pool_map_seconds_bucket{pool=\"seed\","
+                   "le=\"+Inf\"}"),
+            "1");
+  EXPECT_EQ(Sample(text, "kvbroker_pool_unmap_seconds_count" + p), "0");
+  EXPECT_EQ(Sample(text, "kvbroker_device_total_bytes{device=\"0\"}"),
+            "1073741824");
+  EXPECT_EQ(Sample(text, "kvbroker_device_charged_bytes{device=\"0\"}"),
+            "14680064");
+  EXPECT_EQ(Sample(text, "kvbroker_device_budget_bytes{device=\"0\"}"),
+            absl::StrCat(kGiB - MiB(14).value()));
+
+  // A second pool: each family still has one HELP and one TYPE line.
+  PoolConfig other = seed;
+  other.name = "other";
+  ASSERT_TRUE((*broker)->CreatePool(other).ok());
+  const std::string two_pools = RenderMetrics(**broker);
+  size_t types = 0;
+  for (size_t at = 0; (at = two_pools.find("# TYPE kvbroker_pool_pages ",
+                                           at)) != std::string::npos;
+       ++at) {
+    ++types;
+  }
+  EXPECT_EQ(types, 1u);
+  EXPECT_EQ(Sample(two_pools, "kvbroker_pool_total_blocks{pool=\"other\"}"),
+            "3");
+  EXPECT_TRUE(absl::StrContains(
+      two_pools, "# TYPE kvbroker_pool_map_seconds histogram\n"));
+}
+
+// One HTTP/1.0 exchange with 127.0.0.1:port; the whole answer.
+std::string Http(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(write(fd, request.data(), request.size()),
+            static_cast<ssize_t>(request.size()));
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) answer.append(buf, n);
+  close(fd);
+  return answer;
+}
+
+TEST(MetricsServer, ServesMetricsOverHttp) {
+  int scrapes = 0;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", [&] {
+        ++scrapes;
+        return std::string("kvbroker_up 1\n");
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+
+  std::string r = Http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.0 200") ||
+              absl::StartsWith(r, "HTTP/1.1 200"))
+      << r;
+  EXPECT_TRUE(absl::StrContains(
+      r, "Content-Type: text/plain; version=0.0.4; charset=utf-8"))
+      << r;
+  EXPECT_TRUE(absl::EndsWith(r, "\r\n\r\nkvbroker_up 1\n")) << r;
+  EXPECT_EQ(scrapes, 1);
+
+  r = Http(port, "GET /elsewhere HTTP/1.0\r\n\r\n");
+  EXPECT_TRUE(absl::StrContains(r.substr(0, 16), " 404")) << r;
+  r = Http(port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_TRUE(absl::StrContains(r.substr(0, 16), " 405")) << r;
+  EXPECT_EQ(scrapes, 1);
+}
+
+TEST(MetricsServer, RefusesBadAddresses) {
+  for (const char* bad : {"", "127.0.0.1", "127.0.0.1:x", "127.0.0.1:70000",
+                          "example.com:9100", "[zz]:9100"}) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> s =
+        MetricsServer::Start(bad, [] { return std::string(); });
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  // A port in use: UNAVAILABLE.
+  absl::StatusOr<std::unique_ptr<MetricsServer>> first =
+      MetricsServer::Start("127.0.0.1:0", [] { return std::string(); });
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::unique_ptr<MetricsServer>> second =
+      MetricsServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()),
+                           [] { return std::string(); });
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvbroker
