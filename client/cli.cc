@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -59,7 +60,9 @@ ABSL_FLAG(bool, json, false,
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
           "Deadline of each command's RPC, retries included (e.g. 500ms, 5s).");
 ABSL_FLAG(std::string, token, "",
-          "Bearer token sent as 'authorization: Bearer TOKEN'.");
+          "Bearer token sent as 'authorization: Bearer TOKEN'. Empty: the "
+          "KVBROKER_TOKEN environment variable, which keeps the secret out of "
+          "the process list.");
 ABSL_FLAG(bool, tls, false, "Connect with TLS (implied by --tls_ca etc.).");
 ABSL_FLAG(std::string, tls_ca, "", "PEM file of the root CA (TLS).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mutual TLS).");
@@ -739,6 +742,10 @@ absl::StatusOr<ClientOptions> MakeClientOptions() {
   options.target = absl::GetFlag(FLAGS_server);
   options.timeout = absl::GetFlag(FLAGS_timeout);
   options.bearer_token = absl::GetFlag(FLAGS_token);
+  if (const char* env = std::getenv("KVBROKER_TOKEN");
+      options.bearer_token.empty() && env != nullptr) {
+    options.bearer_token = env;
+  }
   if (absl::GetFlag(FLAGS_tls) || !absl::GetFlag(FLAGS_tls_ca).empty() ||
       !absl::GetFlag(FLAGS_tls_cert).empty() ||
       !absl::GetFlag(FLAGS_tls_key).empty()) {

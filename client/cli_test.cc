@@ -487,6 +487,13 @@ TEST(CliSecureDaemon, MutualTlsAndScopedTokens) {
   r = ctl("", true, {"capacity", "mine"});
   EXPECT_EQ(r.rc, 8) << r.out << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "UNAUTHENTICATED")) << r.err;
+  // The token from KVBROKER_TOKEN when --token is not given.
+  setenv("KVBROKER_TOKEN", engine.c_str(), 1);
+  r = ctl("", true, {"capacity", "mine"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = ctl("", true, {"capacity", "theirs"});
+  EXPECT_EQ(r.rc, 8) << r.err;
+  unsetenv("KVBROKER_TOKEN");
   r = ctl(engine, true, {"pools", "--json"});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "\"mine\"")) << r.out;
