@@ -41,8 +41,8 @@ absl::StatusOr<AccessPolicy> AccessPolicy::Create(
   for (int i = 0; i < file.tokens_size(); ++i) {
     const v1::AuthToken& t = file.tokens(i);
     const std::string where =
-        absl::StrCat("tokens[", i, "]", t.name().empty() ? "" : " (", t.name(),
-                     t.name().empty() ? "" : ")");
+        t.name().empty() ? absl::StrCat("tokens[", i, "]")
+                         : absl::StrCat("tokens[", i, "] (", t.name(), ")");
     if (t.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": no name"));
     }

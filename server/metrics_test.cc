@@ -3,11 +3,6 @@
 
 #include "server/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <string>
 
 #include "absl/strings/match.h"
@@ -17,6 +12,7 @@
 #include "allocator/host_backend.h"
 #include "allocator/units.h"
 #include "gtest/gtest.h"
+#include "tests/http_exchange.h"
 
 namespace kvbroker {
 namespace {
@@ -121,23 +117,6 @@ TEST(RenderMetrics, SeedCaseExactly) {
       two_pools, "# TYPE kvbroker_pool_map_seconds histogram\n"));
 }
 
-// One HTTP/1.0 exchange with 127.0.0.1:port; the whole answer.
-std::string Http(int port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  EXPECT_EQ(write(fd, request.data(), request.size()),
-            static_cast<ssize_t>(request.size()));
-  std::string answer;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) answer.append(buf, n);
-  close(fd);
-  return answer;
-}
-
 TEST(MetricsServer, ServesMetricsOverHttp) {
   int scrapes = 0;
   absl::StatusOr<std::unique_ptr<MetricsServer>> server =
@@ -149,7 +128,7 @@ TEST(MetricsServer, ServesMetricsOverHttp) {
   const int port = (*server)->port();
   ASSERT_GT(port, 0);
 
-  std::string r = Http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  std::string r = testing::HttpExchange(port, "GET /metrics HTTP/1.0\r\n\r\n");
   EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.0 200") ||
               absl::StartsWith(r, "HTTP/1.1 200"))
       << r;
@@ -159,9 +138,10 @@ TEST(MetricsServer, ServesMetricsOverHttp) {
   EXPECT_TRUE(absl::EndsWith(r, "\r\n\r\nkvbroker_up 1\n")) << r;
   EXPECT_EQ(scrapes, 1);
 
-  r = Http(port, "GET /elsewhere HTTP/1.0\r\n\r\n");
+  r = testing::HttpExchange(port, "GET /elsewhere HTTP/1.0\r\n\r\n");
   EXPECT_TRUE(absl::StrContains(r.substr(0, 16), " 404")) << r;
-  r = Http(port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+  r = testing::HttpExchange(
+      port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
   EXPECT_TRUE(absl::StrContains(r.substr(0, 16), " 405")) << r;
   EXPECT_EQ(scrapes, 1);
 }

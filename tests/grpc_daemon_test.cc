@@ -3,7 +3,6 @@
 // Check and Watch, WatchCapacity, deadlines, idempotent retries across
 // transports, draining, and SIGTERM on a real kvbrokerd process.
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
@@ -11,10 +10,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/sync_stream.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,6 +39,7 @@
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "server/status_convert.h"
 #include "tests/grpc_test_util.h"
+#include "tests/http_exchange.h"
 
 namespace kvbroker {
 namespace testing {
@@ -542,30 +540,6 @@ class Kvbrokerd {
   int stdout_ = -1;
 };
 
-// One HTTP/1.0 GET of `path` from 127.0.0.1:port; the whole answer.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return "connect failed";
-  }
-  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
-  if (write(fd, request.data(), request.size()) !=
-      static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return "write failed";
-  }
-  std::string answer;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) answer.append(buf, n);
-  close(fd);
-  return answer;
-}
-
 // KVB_TEST_BACKEND=cuda runs the daemon on the GPUs (tools/gpu-run); the
 // default is the host backend. KVBROKERD overrides the binary's path.
 std::string BackendFlag() {
@@ -614,7 +588,8 @@ TEST(KvbrokerdProcess, SigtermDrainsAndExitsZero) {
   ASSERT_TRUE(absl::SimpleAtoi(
       line.substr(port_at, line.find('/', port_at) - port_at), &metrics_port))
       << line;
-  const std::string scrape = HttpGet(metrics_port, "/metrics");
+  const std::string scrape =
+      HttpExchange(metrics_port, "GET /metrics HTTP/1.0\r\n\r\n");
   EXPECT_TRUE(absl::StrContains(scrape, " 200 ")) << scrape;
   EXPECT_TRUE(absl::StrContains(
       scrape, "\nkvbroker_pool_allocated_blocks{pool=\"demo\"} 3\n"))
