@@ -540,6 +540,26 @@ int CmdWatch(Context& ctx) {
   return Fail(end, ctx.json);
 }
 
+// Exit 0 only when SERVING, so that it serves as an exec probe.
+int CmdHealth(Context& ctx) {
+  const std::string service = ctx.args.empty() ? "" : ctx.args[0];
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> status =
+      ctx.client->Health(service);
+  if (!status.ok()) return Fail(status.status(), ctx.json);
+  if (ctx.json) {
+    grpc::health::v1::HealthCheckResponse r;
+    r.set_status(*status);
+    PrintJson(r);
+  } else {
+    std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                     *status)
+              << "\n";
+  }
+  return *status == grpc::health::v1::HealthCheckResponse::SERVING
+             ? kExitOk
+             : kExitUnavailable;
+}
+
 int CmdTop(Context& ctx) {
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
@@ -624,6 +644,13 @@ const std::vector<Command>& Commands() {
        1,
        {"pages", "count"},
        CmdWatch},
+      {"health",
+       "[SERVICE]",
+       "serving status (grpc.health.v1); exit 0 only when SERVING",
+       0,
+       1,
+       {},
+       CmdHealth},
       {"top",
        "",
        "live view of every pool (q quits)",

@@ -204,6 +204,25 @@ TEST_F(CliTest, SeedCase) {
   EXPECT_TRUE(absl::StrContains(r.out, "freed 3 blocks")) << r.out;
 }
 
+TEST_F(CliTest, HealthIsServingAndNamesUnknownServices) {
+  Result r = Ctl({"health"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "SERVING\n");
+
+  r = Ctl({"health", "kvbroker.v1.KvBroker"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "SERVING\n");
+
+  r = Ctl({"--json", "health"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "{\"status\":\"SERVING\"}\n");
+
+  r = Ctl({"health", "no.such.Service"});
+  EXPECT_EQ(r.rc, 3) << "NOT_FOUND";
+  EXPECT_EQ(r.out, "");
+  EXPECT_TRUE(absl::StrContains(r.err, "NOT_FOUND")) << r.err;
+}
+
 TEST_F(CliTest, JsonRepliesParseBackIntoTheMessages) {
   ASSERT_EQ(Ctl({"create-pool", "j", "--page-size", "2MiB", "--block-bytes",
                  "1MiB", "--max-blocks", "8"})

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
 
 namespace kvbroker {
 namespace {
@@ -477,6 +478,23 @@ absl::StatusOr<std::vector<v1::PageOccupancy>> KvBrokerClient::GetPageOccupancy(
           });
   if (!r.ok()) return r.status();
   return std::vector<v1::PageOccupancy>(r->pages().begin(), r->pages().end());
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>
+KvBrokerClient::Health(absl::string_view service, const CallOptions& call) {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(std::string(service));
+  std::unique_ptr<grpc::health::v1::Health::Stub> health =
+      grpc::health::v1::Health::NewStub(channel_);
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> r =
+      Call<grpc::health::v1::HealthCheckResponse>(
+          call, Idempotency::kNone,
+          [&](grpc::ClientContext* ctx,
+              grpc::health::v1::HealthCheckResponse* resp) {
+            return health->Check(ctx, request, resp);
+          });
+  if (!r.ok()) return r.status();
+  return r->status();
 }
 
 std::unique_ptr<CapacityWatch> KvBrokerClient::WatchCapacity(

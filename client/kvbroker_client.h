@@ -76,6 +76,7 @@
 #include "absl/types/span.h"
 #include "proto/google/rpc/error_details.pb.h"
 #include "proto/google/rpc/status.pb.h"
+#include "proto/grpc/health/v1/health.pb.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
 
@@ -324,6 +325,14 @@ class KvBrokerClient {
   absl::StatusOr<std::vector<v1::PageOccupancy>> GetPageOccupancy(
       absl::string_view pool, absl::Span<const int64_t> page_ids,
       const CallOptions& call = {});
+
+  // grpc.health.v1.Health/Check: the serving status of `service`, "" for the
+  // daemon as a whole or "kvbroker.v1.KvBroker" (NOT_SERVING while draining
+  // or when the backend has failed). Open without a token, sent once (a probe
+  // wants the answer now). Reasons: NOT_FOUND for a service the daemon does
+  // not know, UNAVAILABLE when it cannot be reached.
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(
+      absl::string_view service = "", const CallOptions& call = {});
 
   // Opens a WatchCapacity stream (never retried; reopen it to resume).
   std::unique_ptr<CapacityWatch> WatchCapacity(absl::string_view pool,
