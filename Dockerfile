@@ -18,7 +18,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
 # The package list first, so that this layer survives source changes.
 COPY tools/deps tools/deps
-RUN apt-get update -q && tools/deps && rm -rf /var/lib/apt/lists/*
+RUN tools/deps && rm -rf /var/lib/apt/lists/*
 # cuda.h from the `cuda` build context. Without it the CUDA backend reports
 # itself unavailable at run time, which is useless on a GPU node: the build
 # refuses unless REQUIRE_CUDA=0 (tests on machines without a toolkit).
