@@ -111,6 +111,10 @@ std::shared_ptr<const Broker> BrokerDirectory::MakeBroker(
   broker->node = node;
   broker->pod = pod;
   broker->target = target;
+  if (!options_.bearer_token.empty()) {
+    broker->authorization = absl::StrCat("Bearer ", options_.bearer_token);
+  }
+  broker->stub = v1::KvBroker::NewStub(channel);
   broker->filter = KvBrokerClient::FromChannel(channel, once);
   broker->bind = KvBrokerClient::FromChannel(channel, retrying);
   return broker;

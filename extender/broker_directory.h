@@ -14,7 +14,7 @@
 // after it starts, and a node without a broker costs no API call per
 // filter). A failed relist keeps the previous map.
 //
-// Channels: a broker keeps its channel (and its two clients) across
+// Channels: a broker keeps its channel (its stub and two clients) across
 // refreshes while its address is unchanged. `filter` sends each call once
 // (the filter's per-node deadline is all it may spend); `bind` retries
 // transport failures (Reserve carries the pod's UID as request_id, so a
@@ -62,8 +62,13 @@ struct BrokerDirectoryOptions {
 // One node's broker.
 struct Broker {
   std::string node;
-  std::string pod;                         // namespace/name of the broker pod
-  std::string target;                      // "ip:port"
+  std::string pod;     // namespace/name of the broker pod
+  std::string target;  // "ip:port"
+  // "Bearer <token>", or empty: the authorization metadata of stub calls.
+  std::string authorization;
+  // The async stub over the same channel, for the filter's fan-out (every
+  // node's Capacity call on one completion queue).
+  std::shared_ptr<v1::KvBroker::Stub> stub;
   std::shared_ptr<KvBrokerClient> filter;  // one attempt per call
   std::shared_ptr<KvBrokerClient> bind;    // retries transport failures
 };

@@ -5,12 +5,15 @@
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
+#include <grpcpp/completion_queue.h>
+#include <grpcpp/support/async_unary_call.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "prometheus/text_serializer.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
 
@@ -127,7 +130,6 @@ Extender::Extender(BrokerDirectory* directory, const KubeClient* kube,
     : directory_(directory),
       kube_(kube),
       options_(options),
-      fanout_(options.fanout_threads),
       registry_(std::make_shared<prometheus::Registry>()),
       requests_(prometheus::BuildCounter()
                     .Name("kvbroker_extender_requests_total")
@@ -198,26 +200,21 @@ HttpResponse Extender::Handle(const HttpRequest& request) {
   return response;
 }
 
-NodeCheck Extender::Check(const std::string& node, const KvRequest& request) {
-  absl::StatusOr<std::shared_ptr<const Broker>> broker = directory_->Find(node);
-  if (!broker.ok()) {
-    NodeCheck c;
-    c.verdict = "NO_BROKER";
-    c.reason = absl::StrCat("no kvbroker on node ", node);
-    c.unresolvable = true;
-    return c;
-  }
-  const CallOptions call = CallOptions::WithTimeout(options_.node_timeout);
-  if (request.blocks > 0) {
-    absl::StatusOr<v1::CapacitySnapshot> snapshot =
-        (*broker)->filter->Capacity(request.pool, 0, call);
-    if (!snapshot.ok()) return FromError(snapshot.status());
-    return Judge(*snapshot, request.blocks);
-  }
-  absl::StatusOr<v1::PoolInfo> info =
-      (*broker)->filter->GetPool(request.pool, call);
-  if (!info.ok()) return FromError(info.status());
-  const int64_t per_block = info->spec().tokens_per_block();
+NodeCheck Extender::NoBroker(const std::string& node) {
+  NodeCheck c;
+  c.verdict = "NO_BROKER";
+  c.reason = absl::StrCat("no kvbroker on node ", node);
+  c.unresolvable = true;
+  return c;
+}
+
+NodeCheck Extender::Verdict(const KvRequest& request,
+                            const grpc::Status& status,
+                            const v1::CapacityResponse& capacity,
+                            const v1::GetPoolResponse& pool) {
+  if (!status.ok()) return FromError(KvbStatusFromGrpc(status));
+  if (request.blocks > 0) return Judge(capacity.capacity(), request.blocks);
+  const int64_t per_block = pool.pool().spec().tokens_per_block();
   if (per_block <= 0) {
     NodeCheck c;
     c.verdict = "NO_TOKENS_PER_BLOCK";
@@ -227,14 +224,68 @@ NodeCheck Extender::Check(const std::string& node, const KvRequest& request) {
     c.unresolvable = true;
     return c;
   }
-  return Judge(info->capacity(), CeilDiv(request.tokens, per_block));
+  return Judge(pool.pool().capacity(), CeilDiv(request.tokens, per_block));
 }
 
 std::vector<NodeCheck> Extender::CheckAll(const std::vector<std::string>& nodes,
                                           const KvRequest& request) {
+  // One in-flight call per node; ClientContext cannot move, hence the
+  // pointers.
+  struct Call {
+    grpc::ClientContext context;
+    grpc::Status status;
+    v1::CapacityResponse capacity;
+    v1::GetPoolResponse pool;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::CapacityResponse>>
+        capacity_reader;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::GetPoolResponse>>
+        pool_reader;
+  };
   std::vector<NodeCheck> checks(nodes.size());
-  fanout_.Run(nodes.size(),
-              [&](size_t i) { checks[i] = Check(nodes[i], request); });
+  std::vector<std::unique_ptr<Call>> calls(nodes.size());
+  grpc::CompletionQueue cq;
+  const auto deadline = absl::ToChronoTime(absl::Now() + options_.node_timeout);
+  v1::CapacityRequest capacity_request;
+  capacity_request.set_pool(request.pool);
+  v1::GetPoolRequest pool_request;
+  pool_request.set_pool(request.pool);
+  size_t outstanding = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    absl::StatusOr<std::shared_ptr<const Broker>> broker =
+        directory_->Find(nodes[i]);
+    if (!broker.ok()) {
+      checks[i] = NoBroker(nodes[i]);
+      continue;
+    }
+    auto call = std::make_unique<Call>();
+    call->context.set_deadline(deadline);
+    if (!(*broker)->authorization.empty()) {
+      call->context.AddMetadata("authorization", (*broker)->authorization);
+    }
+    void* tag = reinterpret_cast<void*>(i);
+    if (request.blocks > 0) {
+      call->capacity_reader =
+          (*broker)->stub->AsyncCapacity(&call->context, capacity_request, &cq);
+      call->capacity_reader->Finish(&call->capacity, &call->status, tag);
+    } else {
+      call->pool_reader =
+          (*broker)->stub->AsyncGetPool(&call->context, pool_request, &cq);
+      call->pool_reader->Finish(&call->pool, &call->status, tag);
+    }
+    calls[i] = std::move(call);
+    ++outstanding;
+  }
+  void* tag = nullptr;
+  bool ok = false;
+  while (outstanding > 0 && cq.Next(&tag, &ok)) {
+    const size_t i = reinterpret_cast<size_t>(tag);
+    checks[i] =
+        Verdict(request, calls[i]->status, calls[i]->capacity, calls[i]->pool);
+    --outstanding;
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
   return checks;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "extender/broker_directory.h"
 #include "extender/extender.h"
 #include "extender/http_server.h"
@@ -71,8 +72,6 @@ ABSL_FLAG(std::string, score_policy, "most_free",
 ABSL_FLAG(absl::Duration, reservation_ttl, absl::Minutes(10),
           "TTL of the reservation made at bind; the engine redeems it when "
           "it attaches.");
-ABSL_FLAG(int, fanout_threads, 32,
-          "Threads asking brokers in parallel during filter and prioritize.");
 
 namespace kvbroker {
 namespace extender {
@@ -149,14 +148,12 @@ int Run() {
   options.node_timeout = absl::GetFlag(FLAGS_node_timeout);
   options.bind_timeout = absl::GetFlag(FLAGS_bind_timeout);
   options.reservation_ttl = absl::GetFlag(FLAGS_reservation_ttl);
-  options.fanout_threads = absl::GetFlag(FLAGS_fanout_threads);
   absl::StatusOr<ScorePolicy> policy =
       ParseScorePolicy(absl::GetFlag(FLAGS_score_policy));
-  if (!policy.ok() || options.fanout_threads < 0 ||
-      options.node_timeout <= absl::ZeroDuration()) {
+  if (!policy.ok() || options.node_timeout <= absl::ZeroDuration()) {
     std::fprintf(stderr,
                  "kvbroker-extender: --score_policy must be most_free or "
-                 "least_free, --fanout_threads >= 0, --node_timeout > 0\n");
+                 "least_free, and --node_timeout > 0\n");
     return 2;
   }
   options.policy = *policy;
@@ -203,5 +200,8 @@ int main(int argc, char** argv) {
       "kvbroker-extender: Kubernetes scheduler extender that admits pods by "
       "their brokers' exact KV-cache capacity (filter, prioritize, bind).");
   absl::ParseCommandLine(argc, argv);
+  // Debian's Abseil checks every lock for deadlock cycles; kvbrokerd turns
+  // that off as well.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return kvbroker::extender::Run();
 }
