@@ -45,7 +45,8 @@ namespace extender {
 
 struct BrokerDirectoryOptions {
   std::string namespace_ = "kvbroker";
-  std::string label_selector = "app.kubernetes.io/name=kvbroker";
+  std::string label_selector =
+      "app.kubernetes.io/name=kvbroker,app.kubernetes.io/component=kvbrokerd";
   std::string port_name = "grpc";
   int default_port = 50051;
   absl::Duration refresh_interval = absl::Seconds(30);

@@ -41,8 +41,10 @@ ABSL_FLAG(std::string, kube_ca_file, std::string(kServiceAccountDir) + "ca.crt",
           "PEM CA of the Kubernetes API server; empty: the system's roots.");
 ABSL_FLAG(std::string, broker_namespace, "kvbroker",
           "Namespace of the kvbroker DaemonSet's pods.");
-ABSL_FLAG(std::string, broker_selector, "app.kubernetes.io/name=kvbroker",
-          "Label selector of the kvbroker DaemonSet's pods.");
+ABSL_FLAG(
+    std::string, broker_selector,
+    "app.kubernetes.io/name=kvbroker,app.kubernetes.io/component=kvbrokerd",
+    "Label selector of the kvbroker DaemonSet's pods.");
 ABSL_FLAG(std::string, broker_port_name, "grpc",
           "Name of the broker container's gRPC port.");
 ABSL_FLAG(int, broker_port, 50051,

@@ -41,7 +41,8 @@ struct RecordedPatch {
 class FakeKubeApi {
  public:
   static constexpr char kBrokerNamespace[] = "kvbroker";
-  static constexpr char kBrokerSelector[] = "app.kubernetes.io/name=kvbroker";
+  static constexpr char kBrokerSelector[] =
+      "app.kubernetes.io/name=kvbroker,app.kubernetes.io/component=kvbrokerd";
 
   // Listens on 127.0.0.1:0; requests must carry "Bearer <token>".
   explicit FakeKubeApi(std::string token);
