@@ -6,6 +6,10 @@
 #include "extender/extender.h"
 
 #include <curl/curl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <map>
@@ -14,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/kvbroker_client.h"
 #include "extender/broker_directory.h"
@@ -696,6 +701,76 @@ TEST(ExtenderSecurity, TlsAndBearerTokensToBrokers) {
   options.tls = *tls;
   options.bearer_token = "scheduler-token-0123456789";
   EXPECT_EQ(Cap(*b, "kv", options).reserved_blocks(), 4);
+}
+
+// ===========================================================================
+// The kvbroker-extender binary: flags, the in-cluster credentials files,
+// /healthz, a filter, and SIGTERM.
+
+TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  FakeKubeApi api("binary-token");
+  api.AddBroker("node-b", b->port());
+  api.AddPod("serving", "p", "uid-p", Asks("kv", "kvbroker.io/blocks", "20"));
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string token =
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/binary-token");
+  std::ofstream(token) << "binary-token";
+  std::vector<std::string> args = {
+      Runfile("extender/kvbroker-extender"),
+      "--listen=127.0.0.1:0",
+      "--kube_api_server=" + api.url(),
+      "--kube_token_file=" + token,
+      "--kube_ca_file=",
+      absl::StrCat("--broker_namespace=", FakeKubeApi::kBrokerNamespace),
+      absl::StrCat("--broker_selector=", FakeKubeApi::kBrokerSelector),
+      "--score_policy=least_free"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  // "kvbroker-extender serving on port N (...)"
+  std::string line;
+  char ch;
+  while (read(out[0], &ch, 1) == 1 && ch != '\n') line.push_back(ch);
+  int port = 0;
+  const std::string prefix = "kvbroker-extender serving on port ";
+  ASSERT_THAT(line, StartsWith(prefix));
+  ASSERT_TRUE(absl::SimpleAtoi(
+      line.substr(prefix.size(), line.find(' ', prefix.size()) - prefix.size()),
+      &port))
+      << line;
+  const std::string base = absl::StrCat("http://127.0.0.1:", port);
+  EXPECT_EQ(Http("GET", base + "/healthz", "").body, "ok\n");
+  HttpResult f = Http("POST", base + "/filter",
+                      Rig::Args(api.Pod("serving", "p"), {"node-b"}));
+  EXPECT_EQ(f.code, 200);
+  EXPECT_EQ(f.doc["FailedAndUnresolvableNodes"],
+            json({{"node-b",
+                   "REQUEST_TOO_LARGE: requested_blocks=20 "
+                   "available_blocks=16 pool_total_blocks=16 "
+                   "reserved_blocks=0 allocated_blocks=0"}}))
+      << f.body;
+  EXPECT_EQ(Http("GET", base + "/readyz", "").code, 200);
+  kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  close(out[0]);
+  EXPECT_THAT(api.violations(), ::testing::IsEmpty());
 }
 
 }  // namespace
