@@ -82,6 +82,16 @@ void FakeKubeApi::AddBroker(const std::string& node, int port) {
   brokers_.push_back(std::move(pod));
 }
 
+void FakeKubeApi::AddBrokerPod(json pod) {
+  absl::MutexLock lock(&mu_);
+  brokers_.push_back(std::move(pod));
+}
+
+void FakeKubeApi::FailBrokerList(bool fail) {
+  absl::MutexLock lock(&mu_);
+  fail_broker_list_ = fail;
+}
+
 json FakeKubeApi::Pod(const std::string& ns, const std::string& name) {
   absl::MutexLock lock(&mu_);
   auto it = pods_.find(absl::StrCat(ns, "/", name));
@@ -165,6 +175,10 @@ HttpResponse FakeKubeApi::HandleLocked(const HttpRequest& request) {
         request.query.at("labelSelector") != kBrokerSelector) {
       return Violation(400, absl::StrCat("unexpected pod list ", request.method,
                                          " ", request.path, " in ", ns));
+    }
+    if (fail_broker_list_) {
+      return {500, "application/json",
+              Status(500, "InternalError", "etcd is having a bad day")};
     }
     json list = {{"apiVersion", "v1"},
                  {"kind", "PodList"},

@@ -57,6 +57,10 @@ class FakeKubeApi {
   // A running, ready kvbroker pod on `node` whose "grpc" port is `port` on
   // 127.0.0.1.
   void AddBroker(const std::string& node, int port) ABSL_LOCKS_EXCLUDED(mu_);
+  // Any pod, as the broker pod list returns it.
+  void AddBrokerPod(nlohmann::json pod) ABSL_LOCKS_EXCLUDED(mu_);
+  // The broker list answers 500 while set.
+  void FailBrokerList(bool fail) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The pod as stored now (annotations patched, spec.nodeName bound).
   nlohmann::json Pod(const std::string& ns, const std::string& name)
@@ -89,6 +93,7 @@ class FakeKubeApi {
   std::vector<nlohmann::json> brokers_ ABSL_GUARDED_BY(mu_);
   int refuse_bindings_ ABSL_GUARDED_BY(mu_) = 0;
   int refuse_patches_ ABSL_GUARDED_BY(mu_) = 0;
+  bool fail_broker_list_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<RecordedBinding> bindings_ ABSL_GUARDED_BY(mu_);
   std::vector<RecordedPatch> patches_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> requests_ ABSL_GUARDED_BY(mu_);
