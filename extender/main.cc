@@ -72,8 +72,8 @@ ABSL_FLAG(std::string, score_policy, "most_free",
           "available blocks scores 10) or least_free (pack: the fullest node "
           "that still fits scores 10).");
 ABSL_FLAG(absl::Duration, reservation_ttl, absl::Minutes(10),
-          "TTL of the reservation made at bind; the engine redeems it when "
-          "it attaches.");
+          "TTL of the reservation made at bind, at most 24h; the engine "
+          "redeems it when it attaches.");
 
 namespace kvbroker {
 namespace extender {
@@ -152,10 +152,18 @@ int Run() {
   options.reservation_ttl = absl::GetFlag(FLAGS_reservation_ttl);
   absl::StatusOr<ScorePolicy> policy =
       ParseScorePolicy(absl::GetFlag(FLAGS_score_policy));
-  if (!policy.ok() || options.node_timeout <= absl::ZeroDuration()) {
-    std::fprintf(stderr,
-                 "kvbroker-extender: --score_policy must be most_free or "
-                 "least_free, and --node_timeout > 0\n");
+  // The broker refuses a reservation TTL past 24 h (its request bounds).
+  if (!policy.ok() || options.node_timeout <= absl::ZeroDuration() ||
+      options.bind_timeout <= absl::ZeroDuration() ||
+      directory_options.refresh_interval <= absl::ZeroDuration() ||
+      options.reservation_ttl <= absl::ZeroDuration() ||
+      options.reservation_ttl > absl::Hours(24)) {
+    std::fprintf(
+        stderr,
+        "kvbroker-extender: --score_policy must be most_free or "
+        "least_free; --node_timeout, --bind_timeout and --broker_refresh "
+        "> 0; "
+        "--reservation_ttl in (0, 24h]\n");
     return 2;
   }
   options.policy = *policy;
