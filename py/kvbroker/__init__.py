@@ -17,6 +17,11 @@ gRPC (an engine's local attach path) imports without grpcio.
 """
 
 import importlib
+import pkgutil
+
+# The generated subpackages may sit in another tree than these sources
+# (bazel-bin/py next to py/): both count when both are on sys.path.
+__path__ = pkgutil.extend_path(__path__, __name__)
 
 _EXPORTS = {
     "KvBrokerClient": "kvbroker.client",
