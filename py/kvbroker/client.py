@@ -196,7 +196,8 @@ class KvBrokerClient:
         while True:
             attempt += 1
             try:
-                return rpc(request, timeout=max(0.0, deadline - time.monotonic()),
+                remaining = max(0.0, deadline - time.monotonic())
+                return rpc(request, timeout=remaining,
                            metadata=self._metadata)
             except grpc.RpcError as e:
                 failure = errors.from_rpc_error(e, attempts=attempt)
@@ -323,8 +324,8 @@ class KvBrokerClient:
              timeout: Optional[Seconds] = None) -> pb.TrimResponse:
         """Unmaps at most ``max_pages`` IDLE pages (<= 0: all). Sent once.
         Raises PoolNotFound, PoolFailed."""
-        return self._call("Trim", pb.TrimRequest(pool=pool, max_pages=max_pages),
-                          idempotent=False, timeout=timeout)
+        request = pb.TrimRequest(pool=pool, max_pages=max_pages)
+        return self._call("Trim", request, idempotent=False, timeout=timeout)
 
     def get_page_occupancy(
             self, pool: str, page_ids: Sequence[int], *,

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Dict, List, Optional, Type
 
 import grpc
+from google.protobuf.message import DecodeError
 
 try:  # An installed googleapis-common-protos registers these messages first.
     from google.rpc import error_details_pb2, status_pb2
@@ -215,7 +216,7 @@ def _status_details(error: grpc.RpcError) -> Optional[status_pb2.Status]:
             status = status_pb2.Status()
             try:
                 status.ParseFromString(value)
-            except Exception:  # a corrupt trailer: treat as untyped
+            except DecodeError:  # a corrupt trailer: treat as untyped
                 return None
             return status
     return None

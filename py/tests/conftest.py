@@ -23,7 +23,8 @@ from kvbroker import KvBrokerClient
 
 MiB = 1 << 20
 REPO = pathlib.Path(__file__).resolve().parents[2]
-KVBROKERD = os.environ.get("KVBROKERD") or str(REPO / "bazel-bin/server/kvbrokerd")
+KVBROKERD = (os.environ.get("KVBROKERD") or
+             str(REPO / "bazel-bin/server/kvbrokerd"))
 # Generous: under ASan a daemon starts in seconds, not milliseconds.
 START_TIMEOUT_S = 60
 
@@ -75,7 +76,7 @@ class Daemon:
             return self.process.wait()
 
 
-def _short_tmpdir(prefix: str) -> pathlib.Path:
+def short_tmpdir(prefix: str) -> pathlib.Path:
     # Unix socket paths are limited to 107 bytes; Bazel's TEST_TMPDIR is long.
     return pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
@@ -87,7 +88,7 @@ def start_daemon():
     started = []
 
     def start(*flags):
-        daemon = Daemon(_short_tmpdir("kvbpy-"), flags)
+        daemon = Daemon(short_tmpdir("kvbpy-"), flags)
         started.append(daemon)
         return daemon
 
@@ -123,7 +124,7 @@ def pool_name():
 def certs():
     """A CA, a server certificate for localhost and 127.0.0.1, and a client
     certificate, made with openssl for this run: a dict of file paths."""
-    workdir = _short_tmpdir("kvbcerts-")
+    workdir = short_tmpdir("kvbcerts-")
     files = {name: str(workdir / name) for name in (
         "ca.pem", "ca.key", "server.pem", "server.key", "client.pem",
         "client.key", "san.ext")}
@@ -137,7 +138,8 @@ def certs():
             files["ca.pem"], "-days", "2", "-subj", "/CN=kvbroker test CA")
     pathlib.Path(files["san.ext"]).write_text(
         "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for who, cn in (("server", "localhost"), ("client", "kvbroker test client")):
+    for who, cn in (("server", "localhost"),
+                    ("client", "kvbroker test client")):
         csr = str(workdir / f"{who}.csr")
         openssl("req", "-new", *ec, "-keyout", files[f"{who}.key"], "-out",
                 csr, "-subj", f"/CN={cn}")

@@ -92,7 +92,8 @@ class FaultProxy:
                 queue = self._faults.get(method, [])
                 fault = queue.pop(0) if queue else None
             if fault == UNAVAILABLE:
-                context.abort(grpc.StatusCode.UNAVAILABLE, "injected: no route")
+                context.abort(grpc.StatusCode.UNAVAILABLE,
+                              "injected: no route")
             if fault == MAPPING_FAILED:
                 context.set_trailing_metadata(
                     ((STATUS_DETAILS_KEY, _mapping_failed_status(method)),))

@@ -76,7 +76,8 @@ def test_trim_and_page_occupancy(daemon, pool_name):
         got = kvb.alloc(pool_name, 3)
         kvb.free(pool_name, [block_ids(got)[0]])
         occupancy = kvb.get_page_occupancy(pool_name, [1, 0, 3])
-        assert [(o.page_id, o.allocated_blocks, o.state) for o in occupancy] == [
+        assert [(o.page_id, o.allocated_blocks, o.state)
+                for o in occupancy] == [
             (1, 1, pb.PAGE_STATE_FULL), (0, 0, pb.PAGE_STATE_IDLE),
             (3, 0, pb.PAGE_STATE_FREE)]
         assert kvb.trim(pool_name).pages_unmapped == 1

@@ -80,7 +80,8 @@ def test_bad_request_and_retry_info_are_decoded():
                                                     description="negative")])
     retry = error_details_pb2.RetryInfo()
     retry.retry_delay.FromMilliseconds(250)
-    e = errors.from_rpc_error(rich_error("INVALID_ARGUMENT", extra=(bad, retry)))
+    e = errors.from_rpc_error(
+        rich_error("INVALID_ARGUMENT", extra=(bad, retry)))
     assert e.field_violations == [errors.FieldViolation("num_blocks",
                                                         "negative")]
     assert e.retry_delay == 0.25
@@ -124,7 +125,8 @@ def test_what_is_retried():
 def test_backoff_grows_caps_and_honours_retry_info():
     policy = RetryPolicy(initial_backoff=0.05, max_backoff=0.3, multiplier=2,
                          jitter=0)
-    plain = errors.from_rpc_error(FakeCallError(grpc.StatusCode.UNAVAILABLE, ""))
+    plain = errors.from_rpc_error(
+        FakeCallError(grpc.StatusCode.UNAVAILABLE, ""))
     assert [policy.backoff(n, plain) for n in (1, 2, 3, 4, 5)] == [
         0.05, 0.1, 0.2, 0.3, 0.3]
     retry = error_details_pb2.RetryInfo()

@@ -10,8 +10,7 @@ import time
 import grpc
 import pytest
 
-from conftest import MiB, Daemon, _short_tmpdir
-import fault_proxy
+from conftest import MiB, Daemon, short_tmpdir
 from fault_proxy import LOSE_REPLY, MAPPING_FAILED, UNAVAILABLE, FaultProxy
 import kvbroker
 from kvbroker import KvBrokerClient, RetryPolicy, block_ids
@@ -136,15 +135,17 @@ def test_non_idempotent_calls_are_sent_once(kvb, proxy, pool_name):
 
 def test_deadline_bounds_all_attempts():
     # Nothing listens on this socket: every attempt fails at once, and the
-    # one-second deadline, not the attempt budget, ends the call.
-    workdir = _short_tmpdir("kvbpy-")
+    # two-second deadline, not the attempt budget, ends the call.
+    workdir = short_tmpdir("kvbpy-")
     patient = RetryPolicy(max_attempts=1000, initial_backoff=0.02,
                           max_backoff=0.05)
     with KvBrokerClient(f"unix:{workdir}/none.sock", retry=patient,
-                        timeout=1.0) as kvb:
+                        timeout=2.0) as kvb:
         with pytest.raises(kvbroker.TransportError) as info:
             kvb.capacity("demo")
-    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    # The last attempt may itself run into the deadline while connecting.
+    assert info.value.code in (grpc.StatusCode.UNAVAILABLE,
+                               grpc.StatusCode.DEADLINE_EXCEEDED)
     assert 2 <= info.value.attempts < 1000
 
 
@@ -159,7 +160,7 @@ def test_zero_timeout_is_deadline_exceeded_and_not_retried(daemon, pool_name):
 def test_a_daemon_that_is_not_up_yet(pool_name):
     # The call starts before the daemon exists; its first attempts fail, and
     # a later one, on the same channel, reaches the daemon once it is up.
-    workdir = _short_tmpdir("kvbpy-")
+    workdir = short_tmpdir("kvbpy-")
     patient = RetryPolicy(max_attempts=200, initial_backoff=0.02,
                           max_backoff=0.1)
     result = {}

@@ -7,7 +7,8 @@ import grpc
 import pytest
 
 from conftest import MiB
-from kvbroker import CapacityRefusal, RequestTooLarge, block_ids, blocks_by_page
+from kvbroker import (CapacityRefusal, RequestTooLarge, block_ids,
+                      blocks_by_page)
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
