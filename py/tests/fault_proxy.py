@@ -9,6 +9,7 @@ per method and consumed one per attempt:
                   connection that failed before the request went out;
   LOSE_REPLY      forward, let the daemon act, then answer UNAVAILABLE: the
                   reply was lost on the way back;
+  STALL           hold the call until the caller's deadline has passed;
   MAPPING_FAILED  refuse without forwarding with the daemon's MAPPING_FAILED
                   status (UNAVAILABLE, ErrorInfo, RetryInfo), as a driver
                   error the daemon rolled back. The host backend has no
@@ -28,6 +29,7 @@ from kvbroker.v1 import kvbroker_pb2 as pb
 
 UNAVAILABLE = "unavailable"
 LOSE_REPLY = "lose_reply"
+STALL = "stall"
 MAPPING_FAILED = "mapping_failed"
 
 _SERVICE = "/kvbroker.v1.KvBroker/"
@@ -94,6 +96,11 @@ class FaultProxy:
             if fault == UNAVAILABLE:
                 context.abort(grpc.StatusCode.UNAVAILABLE,
                               "injected: no route")
+            if fault == STALL:
+                stalled = threading.Event()
+                context.add_callback(stalled.set)  # the call ended
+                stalled.wait()
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "stalled")
             if fault == MAPPING_FAILED:
                 context.set_trailing_metadata(
                     ((STATUS_DETAILS_KEY, _mapping_failed_status(method)),))

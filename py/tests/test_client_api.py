@@ -4,6 +4,7 @@ iterator."""
 
 import threading
 
+import grpc
 import pytest
 
 from conftest import MiB
@@ -120,3 +121,12 @@ def test_watch_cancel_ends_iteration_quietly(kvb, pool_name):
 def test_watch_of_a_missing_pool(kvb, pool_name):
     with pytest.raises(kvbroker.PoolNotFound):
         next(kvb.watch_capacity(pool_name))
+
+
+def test_watch_deadline(kvb, pool_name):
+    kvb.create_pool(pool_name, max_blocks=4, **ONE_PAGE)
+    watch = kvb.watch_capacity(pool_name, timeout=0.3)
+    assert next(watch).available_blocks == 4
+    with pytest.raises(kvbroker.TransportError) as info:
+        next(watch)  # nothing changes before the deadline
+    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED

@@ -11,7 +11,8 @@ import grpc
 import pytest
 
 from conftest import MiB, Daemon, short_tmpdir
-from fault_proxy import LOSE_REPLY, MAPPING_FAILED, UNAVAILABLE, FaultProxy
+from fault_proxy import (LOSE_REPLY, MAPPING_FAILED, STALL, UNAVAILABLE,
+                         FaultProxy)
 import kvbroker
 from kvbroker import KvBrokerClient, RetryPolicy, block_ids
 
@@ -149,12 +150,14 @@ def test_deadline_bounds_all_attempts():
     assert 2 <= info.value.attempts < 1000
 
 
-def test_zero_timeout_is_deadline_exceeded_and_not_retried(daemon, pool_name):
-    with daemon.client(retry=FAST) as kvb:
-        with pytest.raises(kvbroker.TransportError) as info:
-            kvb.capacity(pool_name, timeout=0)
-    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+def test_deadline_exceeded_is_not_retried(kvb, proxy, pool_name):
+    seed_pool(kvb, pool_name)
+    proxy.inject("Capacity", STALL)
+    with pytest.raises(kvbroker.TransportError) as info:
+        kvb.capacity(pool_name, timeout=0.3)
+    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, info.value
     assert info.value.attempts == 1
+    assert len(proxy.requests("Capacity")) == 1
 
 
 def test_a_daemon_that_is_not_up_yet(pool_name):
