@@ -201,6 +201,7 @@ class KvBrokerClient:
                            metadata=self._metadata)
             except grpc.RpcError as e:
                 failure = errors.from_rpc_error(e, attempts=attempt)
+                failure.__cause__ = e  # keeps gRPC's debug string in reports
             if attempt >= max_attempts or not is_retryable(failure):
                 raise failure
             wait = self.retry.backoff(attempt, failure)
