@@ -59,7 +59,8 @@ def test_pool_exhausted(kvb, pool_name):
 def test_gpu_memory_exhausted(start_daemon, pool_name):
     # 64 MiB per device at utilization 0.95: a budget of 63753421 bytes,
     # 30 bundles of 2 MiB.
-    small = start_daemon("--host_device_memory=64MiB")
+    small = start_daemon("--host_device_memory=64MiB",
+                         "--gpu_memory_utilization=0.95")
     with small.client() as kvb:
         kvb.create_pool(pool_name, max_blocks=64, **ONE_PAGE)
         cap = kvb.capacity(pool_name)
