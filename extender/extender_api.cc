@@ -58,7 +58,62 @@ std::string StringField(const json& obj, absl::string_view name) {
   return v != nullptr && v->is_string() ? v->get<std::string>() : "";
 }
 
+// Counts nesting on the parser's event stream (iterative, no document) and
+// stops the parse at the first level past kMaxJsonDepth.
+class DepthGuard : public json::json_sax_t {
+ public:
+  bool too_deep() const { return too_deep_; }
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return Enter(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return Leave(); }
+  bool start_array(std::size_t) override { return Enter(); }
+  bool end_array() override { return Leave(); }
+  bool parse_error(std::size_t, const std::string&,
+                   const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  bool Enter() {
+    too_deep_ = ++depth_ > kMaxJsonDepth;
+    return !too_deep_;
+  }
+  bool Leave() {
+    --depth_;
+    return true;
+  }
+
+  int depth_ = 0;
+  bool too_deep_ = false;
+};
+
 }  // namespace
+
+absl::StatusOr<json> ParseJson(absl::string_view text, absl::string_view what) {
+  DepthGuard guard;
+  if (!json::sax_parse(text.begin(), text.end(), &guard,
+                       json::input_format_t::json, /*strict=*/true)) {
+    return absl::InvalidArgumentError(
+        guard.too_deep() ? absl::StrCat(what, ": the body nests deeper than ",
+                                        kMaxJsonDepth, " levels")
+                         : absl::StrCat(what, ": the body is not JSON"));
+  }
+  json doc = json::parse(text.begin(), text.end(), nullptr,
+                         /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the body is not JSON"));
+  }
+  return doc;
+}
 
 absl::StatusOr<std::optional<KvRequest>> ParseKvRequest(
     const std::map<std::string, std::string>& annotations) {
@@ -145,9 +200,10 @@ absl::StatusOr<PodView> ParsePod(const json& pod) {
 }
 
 absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body) {
-  json doc = json::parse(body.begin(), body.end(), nullptr,
-                         /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
+  absl::StatusOr<json> parsed = ParseJson(body, "ExtenderArgs");
+  if (!parsed.ok()) return parsed.status();
+  const json& doc = *parsed;
+  if (!doc.is_object()) {
     return absl::InvalidArgumentError(
         "ExtenderArgs: the body is not a JSON object");
   }
@@ -233,9 +289,10 @@ std::string EncodeHostPriorityList(
 }
 
 absl::StatusOr<BindingArgs> ParseBindingArgs(absl::string_view body) {
-  json doc = json::parse(body.begin(), body.end(), nullptr,
-                         /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
+  absl::StatusOr<json> parsed = ParseJson(body, "ExtenderBindingArgs");
+  if (!parsed.ok()) return parsed.status();
+  const json& doc = *parsed;
+  if (!doc.is_object()) {
     return absl::InvalidArgumentError(
         "ExtenderBindingArgs: the body is not a JSON object");
   }

@@ -154,6 +154,16 @@ std::string EncodeBindingResult(const std::string& error);
 // {"Error": message} for refusals of the whole call (HTTP 400).
 std::string EncodeError(const std::string& message);
 
+// JSON nested deeper than this is refused before it is built: the library
+// builds, copies and frees documents recursively, so a body of a few
+// megabytes of '[' would otherwise exhaust the stack.
+inline constexpr int kMaxJsonDepth = 128;
+
+// The parsed document. INVALID_ARGUMENT ("`what`: ...") when `text` is not
+// JSON or nests deeper than kMaxJsonDepth.
+absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text,
+                                         absl::string_view what);
+
 // obj[key] where key matches `name` exactly, else case-insensitively;
 // nullptr when absent or `obj` is not an object.
 const nlohmann::json* FindField(const nlohmann::json& obj,

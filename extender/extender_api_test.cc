@@ -102,6 +102,22 @@ std::map<std::string, std::string> A(
   return l;
 }
 
+TEST(ParseJson, RefusesDeepNestingWithoutBuildingIt) {
+  const std::string deep =
+      std::string(1000000, '[') + std::string(1000000, ']');
+  const std::string body =
+      R"({"Pod": {"metadata": )" + deep + R"(}, "NodeNames": ["a"]})";
+  EXPECT_EQ(ParseExtenderArgs(body).status().message(),
+            "ExtenderArgs: the body nests deeper than 128 levels");
+  EXPECT_EQ(ParseBindingArgs(deep).status().message(),
+            "ExtenderBindingArgs: the body nests deeper than 128 levels");
+  // At the bound it parses.
+  const std::string ok = std::string(127, '[') + std::string(127, ']');
+  EXPECT_TRUE(ParseJson(R"({"a": )" + ok + "}", "x").ok());
+  EXPECT_EQ(ParseJson("{} x", "x").status().message(),
+            "x: the body is not JSON");
+}
+
 TEST(ParseKvRequest, ReadsBlocksOrTokens) {
   absl::StatusOr<std::optional<KvRequest>> r =
       ParseKvRequest(A({{"kvbroker.io/pool", "demo"},

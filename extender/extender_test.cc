@@ -617,8 +617,15 @@ TEST(ExtenderInput, MalformedJsonAndAbsurdAnnotationsReserveNothing) {
     HttpResult r = rig.Post(verb, "{\"Pod\": ");
     EXPECT_EQ(r.code, 400) << verb;
     EXPECT_THAT(r.doc["Error"].get<std::string>(),
-                HasSubstr("the body is not a JSON object"));
+                HasSubstr(": the body is not JSON"));
   }
+  // A body nested a million levels deep is refused, not built.
+  HttpResult deep =
+      rig.Post("filter", std::string(1000000, '[') + std::string(1000000, ']'));
+  EXPECT_EQ(deep.code, 400);
+  EXPECT_EQ(deep.doc["Error"],
+            "ExtenderArgs: the body nests deeper than 128 levels");
+  EXPECT_EQ(rig.Get("/healthz").code, 200);
   HttpResult no_nodes = rig.Post("filter", R"({"Pod": {"metadata": {}}})");
   EXPECT_EQ(no_nodes.code, 400);
   EXPECT_EQ(no_nodes.doc["Error"], "ExtenderArgs: give Nodes or NodeNames");

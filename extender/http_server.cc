@@ -8,10 +8,6 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 
-#include <algorithm>
-#include <cctype>
-#include <cstring>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

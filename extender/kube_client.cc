@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "extender/extender_api.h"
 
 namespace kvbroker {
 namespace extender {
@@ -51,11 +52,11 @@ std::string PodPath(const std::string& ns, const std::string& name) {
 
 absl::Status FromHttp(long code, const std::string& what,
                       const std::string& body) {
-  json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<json> doc = ParseJson(body, what);
   std::string message = body.substr(0, 512);
-  if (doc.is_object() && doc.contains("message") &&
-      doc["message"].is_string()) {
-    message = doc["message"].get<std::string>();
+  if (doc.ok() && doc->is_object() && doc->contains("message") &&
+      (*doc)["message"].is_string()) {
+    message = (*doc)["message"].get<std::string>();
   }
   const std::string text = absl::StrCat(what, ": HTTP ", code, ": ", message);
   switch (code) {
@@ -142,10 +143,10 @@ absl::StatusOr<json> KubeClient::Request(const std::string& method,
         absl::StrCat(what, ": ", curl_easy_strerror(rc)));
   }
   if (code < 200 || code > 299) return FromHttp(code, what, reply);
-  json doc = json::parse(reply, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
+  absl::StatusOr<json> doc = ParseJson(reply, what);
+  if (!doc.ok()) {
     return absl::UnavailableError(
-        absl::StrCat(what, ": the API server's reply is not JSON"));
+        absl::StrCat("the API server's reply: ", doc.status().message()));
   }
   return doc;
 }
