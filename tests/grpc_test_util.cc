@@ -70,6 +70,8 @@ Rig::Rig(RigOptions options)
   daemon_options.health_interval = absl::Milliseconds(20);
   daemon_options.tcp_credentials = options.tcp_credentials;
   daemon_options.access = options.access;
+  daemon_options.limits = options.limits;
+  daemon_options.watch = options.watch;
   absl::StatusOr<std::unique_ptr<Daemon>> created =
       Daemon::Create(&backend, broker_options, daemon_options);
   if (!created.ok()) {

@@ -53,6 +53,9 @@ struct RigOptions {
   // DaemonOptions::tcp_credentials and ::access.
   std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
   std::shared_ptr<const AccessPolicy> access;
+  // DaemonOptions::limits and ::watch.
+  ServiceLimits limits;
+  ChangeFeed::Options watch;
 };
 
 // A started daemon. Construction failures are reported with ADD_FAILURE and
