@@ -308,8 +308,7 @@ int Run() {
       !listen.empty()) {
     Broker* broker = (*daemon)->broker();
     absl::StatusOr<std::unique_ptr<MetricsServer>> started =
-        MetricsServer::Start(listen,
-                             [broker] { return RenderMetrics(*broker); });
+        MetricsServer::Start(listen, std::make_shared<BrokerCollector>(broker));
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
   }
