@@ -44,6 +44,8 @@ ABSL_FLAG(std::string, mode, "latency",
           "without open WatchCapacity streams)");
 ABSL_FLAG(int, watchers, 400,
           "watchers mode: streams open in the loaded phase");
+ABSL_FLAG(double, watch_offers_per_second, -1,
+          "the daemon's watch fan-out budget; -1: its default");
 ABSL_FLAG(int, watch_interval_ms, -1,
           "the daemon's watch notifier interval; -1: its default");
 
@@ -261,6 +263,9 @@ int Main() {
   dopt.extra_services.push_back(&ping_service);
   if (const int ms = absl::GetFlag(FLAGS_watch_interval_ms); ms >= 0) {
     dopt.watch.min_interval = absl::Milliseconds(ms);
+  }
+  if (const double r = absl::GetFlag(FLAGS_watch_offers_per_second); r >= 0) {
+    dopt.watch.max_offers_per_second = r;
   }
   auto daemon = Daemon::Create(&host, bo, dopt);
   if (!daemon.ok()) Die(daemon.status().ToString());

@@ -3,6 +3,7 @@
 
 #include "server/change_feed.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -86,7 +87,7 @@ void ChangeFeed::Publish(const std::string& pool) {
   }
 }
 
-int ChangeFeed::NotifyPass() {
+ChangeFeed::PassStats ChangeFeed::NotifyPass() {
   absl::MutexLock pass(&pass_mu_);
   struct Target {
     const Subscriber* key;
@@ -98,7 +99,7 @@ int ChangeFeed::NotifyPass() {
   std::vector<Target> targets;
   {
     absl::MutexLock lock(&mu_);
-    if (closed_) return 0;
+    if (closed_) return {};
     for (const std::string& name : dirty_) {
       for (const auto& [key, entry] : pools_.at(name).entries) {
         if (std::shared_ptr<Subscriber> s = entry.subscriber.lock()) {
@@ -111,6 +112,7 @@ int ChangeFeed::NotifyPass() {
   }
   // One snapshot per (pool incarnation, length) in this pass.
   std::map<std::pair<const PagePool*, int64_t>, absl::StatusOr<Snapshot>> built;
+  int offered = 0;
   for (Target& t : targets) {
     auto [it, fresh] = built.try_emplace({t.pool.get(), t.max_pages},
                                          absl::UnknownError("unbuilt"));
@@ -134,6 +136,7 @@ int ChangeFeed::NotifyPass() {
     if (t.offered == generation) continue;
     t.offered = generation;
     t.subscriber->OnSnapshot(*snapshot);
+    ++offered;
   }
   {
     absl::MutexLock lock(&mu_);
@@ -148,7 +151,7 @@ int ChangeFeed::NotifyPass() {
       }
     }
   }
-  return static_cast<int>(built.size());
+  return {static_cast<int>(built.size()), offered};
 }
 
 void ChangeFeed::NotifierLoop() {
@@ -163,11 +166,15 @@ void ChangeFeed::NotifierLoop() {
       if (closed_) return;
     }
     const absl::Time start = absl::Now();
-    NotifyPass();
+    const PassStats pass = NotifyPass();
+    absl::Duration pause = options_.min_interval;
+    if (options_.max_offers_per_second > 0) {
+      pause = std::max(
+          pause, absl::Seconds(pass.offered / options_.max_offers_per_second));
+    }
     // Changes that arrive meanwhile wait for the next pass: coalesced.
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithDeadline(absl::Condition(&closed_),
-                          start + options_.min_interval);
+    mu_.AwaitWithDeadline(absl::Condition(&closed_), start + pause);
     if (closed_) return;
   }
 }

@@ -52,7 +52,7 @@ class Recorder : public ChangeFeed::Subscriber {
 class FeedTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    Init(ChangeFeed::Options{1024, absl::ZeroDuration(), false});
+    Init(ChangeFeed::Options{1024, absl::ZeroDuration(), 0, false});
   }
 
   void Init(ChangeFeed::Options options) {
@@ -108,8 +108,10 @@ TEST_F(FeedTest, OneSnapshotPerPoolAndLengthPerPass) {
   ASSERT_TRUE(Watch(q_, 0, "c", other.back()).ok());
 
   // The first pass: p with 0 and with 2 pages, q with 0.
-  EXPECT_EQ(feed_->NotifyPass(), 3);
-  EXPECT_EQ(feed_->NotifyPass(), 0);  // nothing changed since
+  ChangeFeed::PassStats first = feed_->NotifyPass();
+  EXPECT_EQ(first.built, 3);
+  EXPECT_EQ(first.offered, 104);
+  EXPECT_EQ(feed_->NotifyPass().built, 0);  // nothing changed since
   for (auto& r : plain) EXPECT_EQ(r->count(), 1);
   // Every plain watcher got the very same message.
   {
@@ -136,7 +138,9 @@ TEST_F(FeedTest, OneSnapshotPerPoolAndLengthPerPass) {
     free.block_ids = ids;
     ASSERT_TRUE(p_->Free(free).ok());
   }
-  EXPECT_EQ(feed_->NotifyPass(), 2);
+  ChangeFeed::PassStats second = feed_->NotifyPass();
+  EXPECT_EQ(second.built, 2);
+  EXPECT_EQ(second.offered, 103);
   for (auto& r : plain) {
     ASSERT_EQ(r->count(), 2);
     EXPECT_EQ(r->last_generation(), p_->generation());
@@ -148,21 +152,23 @@ TEST_F(FeedTest, OneSnapshotPerPoolAndLengthPerPass) {
 TEST_F(FeedTest, UnchangedGenerationIsNotOfferedAgain) {
   auto r = std::make_shared<Recorder>();
   ASSERT_TRUE(Watch(p_, 0, "c", r).ok());
-  EXPECT_EQ(feed_->NotifyPass(), 1);
+  EXPECT_EQ(feed_->NotifyPass().built, 1);
   feed_->Publish("p");  // a change notification without a change
-  EXPECT_EQ(feed_->NotifyPass(), 1);
+  ChangeFeed::PassStats same = feed_->NotifyPass();
+  EXPECT_EQ(same.built, 1);
+  EXPECT_EQ(same.offered, 0);
   EXPECT_EQ(r->count(), 1);
   // A new watcher of the same pool gets the current snapshot; the old one
   // does not get it twice.
   auto late = std::make_shared<Recorder>();
   ASSERT_TRUE(Watch(p_, 0, "c", late).ok());
-  EXPECT_EQ(feed_->NotifyPass(), 1);
+  EXPECT_EQ(feed_->NotifyPass().built, 1);
   EXPECT_EQ(late->count(), 1);
   EXPECT_EQ(r->count(), 1);
 }
 
 TEST_F(FeedTest, WatchesPerCallerAreBounded) {
-  Init(ChangeFeed::Options{2, absl::ZeroDuration(), false});
+  Init(ChangeFeed::Options{2, absl::ZeroDuration(), 0, false});
   auto a1 = std::make_shared<Recorder>();
   auto a2 = std::make_shared<Recorder>();
   auto a3 = std::make_shared<Recorder>();
@@ -199,7 +205,7 @@ TEST_F(FeedTest, WatchersOfADeletedPoolEndWithItsFailure) {
   ASSERT_TRUE(Watch(q_, 0, "c", s).ok());
   feed_->NotifyPass();
   ASSERT_TRUE(broker_->DeletePool("p", false).ok());  // publishes ""
-  EXPECT_EQ(feed_->NotifyPass(), 2);
+  EXPECT_EQ(feed_->NotifyPass().built, 2);
   absl::MutexLock lock(&r->mu);
   ASSERT_EQ(r->ends.size(), 1u);
   EXPECT_EQ(GetReason(r->ends[0]), FailureReason::kPoolNotFound);
@@ -214,7 +220,7 @@ TEST_F(FeedTest, CloseNotifiesOnceAndRefusesNewSubscribers) {
   feed_->Close();
   EXPECT_EQ(r->closes, 1);
   feed_->Publish("p");
-  EXPECT_EQ(feed_->NotifyPass(), 0);
+  EXPECT_EQ(feed_->NotifyPass().built, 0);
   EXPECT_EQ(r->count(), 0);
   auto late = std::make_shared<Recorder>();
   EXPECT_EQ(Watch(p_, 0, "c", late).code(), absl::StatusCode::kUnavailable);
@@ -229,7 +235,7 @@ TEST_F(FeedTest, DestroyedSubscribersAreSkipped) {
   feed_->Unsubscribe(a.get());  // no-op
   EXPECT_EQ(feed_->subscribers(), 1);
   b.reset();  // gone without unsubscribing: the weak_ptr expires
-  EXPECT_EQ(feed_->NotifyPass(), 0);
+  EXPECT_EQ(feed_->NotifyPass().built, 0);
   EXPECT_EQ(a->count(), 0);
 }
 
@@ -259,7 +265,7 @@ TEST_F(FeedTest, SubscriberMayUnsubscribeFromItsCallback) {
 // The notifier thread, changes and subscription churn at once; every live
 // watcher ends up offered the pool's final generation.
 TEST_F(FeedTest, ConcurrentChangesChurnAndTheNotifierThread) {
-  Init(ChangeFeed::Options{1 << 20, absl::ZeroDuration(), true});
+  Init(ChangeFeed::Options{1 << 20, absl::ZeroDuration(), 0, true});
   auto steady = std::make_shared<Recorder>();
   ASSERT_TRUE(Watch(p_, 1, "c", steady).ok());
   std::atomic<bool> stop{false};
