@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
+#include "common/error_keys.h"
 #include "server/proto_convert.h"
 
 namespace kvbroker {
@@ -43,11 +44,13 @@ absl::Status ChangeFeed::Subscribe(Watch watch,
         absl::StrCat("pool: caller \"", watch.caller, "\" already holds ", held,
                      " WatchCapacity streams, the most one caller may ",
                      "hold (--max_watches_per_caller)"),
-        {{"field", "pool"},
-         {"caller", watch.caller},
-         {"max_watches_per_caller", Num(options_.max_watches_per_caller)}},
-        {{"pool", absl::StrCat("at most ", options_.max_watches_per_caller,
-                               " WatchCapacity streams per caller")}});
+        {{std::string(error_key::kField), std::string(error_key::kPool)},
+         {std::string(error_key::kCaller), watch.caller},
+         {std::string(error_key::kMaxWatchesPerCaller),
+          Num(options_.max_watches_per_caller)}},
+        {{std::string(error_key::kPool),
+          absl::StrCat("at most ", options_.max_watches_per_caller,
+                       " WatchCapacity streams per caller")}});
   }
   ++held;
   const std::string name = watch.pool->name();

@@ -33,11 +33,11 @@
 #include "absl/time/time.h"
 #include "allocator/failure.h"
 #include "allocator/units.h"
+#include "client/error_codec.h"
 #include "gtest/gtest.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/grpc/reflection/v1/reflection.grpc.pb.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
-#include "server/status_convert.h"
 #include "tests/grpc_test_util.h"
 #include "tests/http_exchange.h"
 
