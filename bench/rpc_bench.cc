@@ -136,8 +136,7 @@ class IdleWatcher final
   }
   void AwaitFirstSnapshot() {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](IdleWatcher* w) { return w->reads_ > 0 || w->done_; }, this));
+    mu_.Await(absl::Condition(this, &IdleWatcher::HasReadOrEnded));
     if (reads_ == 0) Die("a watcher ended before its first snapshot");
   }
   void CancelAndWait() {
@@ -151,6 +150,10 @@ class IdleWatcher final
   }
 
  private:
+  bool HasReadOrEnded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return reads_ > 0 || done_;
+  }
+
   grpc::ClientContext ctx_;
   v1::WatchCapacityRequest request_;
   v1::WatchCapacityResponse response_;
