@@ -198,6 +198,11 @@ void ChangeFeed::Close() {
     }
   }
   for (const auto& s : targets) s->OnClose();
+  // A pass already under way may still be reading pools; once it is over, no
+  // pass touches a pool again, so the owner may tear the broker down.
+  if (std::this_thread::get_id() != notifier_.get_id()) {
+    absl::MutexLock wait_for_pass(&pass_mu_);
+  }
 }
 
 int ChangeFeed::subscribers() const {

@@ -127,8 +127,10 @@ class ChangeFeed {
   // the owner does.
   PassStats NotifyPass() ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
 
-  // Calls OnClose() on every subscriber and refuses new ones. Idempotent.
-  void Close() ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls OnClose() on every subscriber, refuses new ones and returns once
+  // no pass is running (no pool is read after it returns). Idempotent. Not
+  // to be called from a subscriber's callback.
+  void Close() ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
 
   // Live registrations, in all and of one caller (tests).
   int subscribers() const ABSL_LOCKS_EXCLUDED(mu_);
