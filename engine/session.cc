@@ -228,14 +228,16 @@ absl::StatusOr<uint64_t> Session::BlockAddress(int device_index, int64_t block,
                                                int64_t buffer) const {
   const uint64_t base = device_base(device_index);
   if (base == 0) {
-    return absl::InvalidArgumentError(
+    return InvalidField(
+        "device_index",
         absl::StrCat("no session device ", device_index,
                      " (attached: ", layout_.devices_size(), " devices)"));
   }
   if (block < 0 || block >= layout_.max_blocks() || layer < 0 ||
       layer >= layout_.num_layers() || buffer < 0 ||
       buffer >= layout_.num_kv_buffers()) {
-    return absl::InvalidArgumentError(
+    return InvalidField(
+        "block",
         absl::StrCat("block ", block, " layer ", layer, " buffer ", buffer,
                      " outside the pool (", layout_.max_blocks(), " blocks, ",
                      layout_.num_layers(), " layers, ",
