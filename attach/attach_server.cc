@@ -28,6 +28,8 @@ namespace kv1 = ::kvbroker::v1;
 
 // Free request ids remembered per holder for replays.
 constexpr size_t kRememberedFrees = 1024;
+// How long a reply may wait for an engine that does not read its socket.
+constexpr int kSendTimeoutSeconds = 10;
 
 absl::Status Errno(absl::string_view what, int err) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(err)));
@@ -636,6 +638,11 @@ void AttachServer::AcceptLoop() {
     if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
     UniqueFd conn(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!conn.valid()) continue;
+    // An engine that stops reading must not hold a session thread (or Stop)
+    // forever: a send that cannot proceed for this long fails instead.
+    const timeval send_timeout = {kSendTimeoutSeconds, 0};
+    setsockopt(conn.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
+               sizeof(send_timeout));
     absl::MutexLock lock(&mu_);
     if (stopping_) break;
     if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {

@@ -23,7 +23,7 @@ using kvbroker::engine::Session;
 void CopyString(absl::string_view from, char* to, size_t size) {
   if (size == 0) return;
   const size_t n = std::min(from.size(), size - 1);
-  memcpy(to, from.data(), n);
+  if (n > 0) memcpy(to, from.data(), n);
   to[n] = '\0';
 }
 

@@ -13,6 +13,9 @@ import pytest
 
 from kvbroker import engine
 
+# Programs this test starts carry their own sanitizer runtime, if any.
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
 TOKEN = "engine-token-0123456789"
 OTHER_TOKEN = "other-pool-token-0123456789"
 POOLS = """
@@ -41,7 +44,7 @@ def daemon():
          "--pools=" + os.path.join(d, "pools.textproto"),
          "--auth_tokens=" + os.path.join(d, "tokens.textproto"),
          "--min_idle_pages=0", "--host_device_memory=1GiB"],
-        stdout=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
     try:
         while True:
             line = proc.stdout.readline()
@@ -169,3 +172,30 @@ def test_unreachable_daemon_is_unavailable():
         engine.Session("/tmp/kvb-no-such-socket.sock", holder="x")
     assert e.value.code == 14  # UNAVAILABLE
     assert "no such file" in e.value.message.lower()
+
+
+def _readme():
+    with open("README.md") as f:
+        return f.read()
+
+
+def test_readme_cpp_example_is_the_tested_one_and_runs(daemon):
+    source = open("engine/testing/readme_example.cc").read()
+    body = source.split("// README:begin\n")[1].split("  // README:end")[0]
+    shown = "\n".join(line[2:] if line.startswith("  ") else line
+                      for line in body.rstrip("\n").split("\n"))
+    assert "```cpp\n" + shown + "\n```" in _readme()
+    out = subprocess.run(["engine/readme_example", daemon, TOKEN],
+                         capture_output=True, text=True, check=True,
+                         env=CHILD_ENV).stdout
+    assert out.startswith("4 blocks; V of layer 1 of block "), out
+
+
+def test_readme_python_example_runs(daemon, capsys):
+    readme = _readme()
+    section = readme[readme.index("## Engines"):]
+    code = section.split("```python\n")[1].split("```")[0]
+    exec(compile(code, "README.md", "exec"),
+         {"socket_path": daemon, "token": TOKEN})
+    out = capsys.readouterr().out
+    assert out == "4 (64, 131072) (1048576, 2)\n", out
