@@ -11,6 +11,7 @@
 // Targets: session <= 1.3 x bare, session <= 0.25 x gRPC.
 
 #include <grpcpp/grpcpp.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -133,7 +134,11 @@ int Run() {
 
   // The echo peer: this binary again, on one end of a socketpair.
   int pair[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, pair) != 0) Die("socketpair");
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+    Die("socketpair");
+  }
+  // Only the peer's end survives the exec.
+  fcntl(pair[1], F_SETFD, 0);
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (len <= 0) Die("readlink");
@@ -208,6 +213,7 @@ int Run() {
                 s / g);
     std::printf("  frames: alloc %zu/%zu B, free %zu/%zu B\n", z.alloc_request,
                 z.alloc_reply, z.free_request, z.free_reply);
+    std::fflush(stdout);
   }
   close(pair[0]);
   waitpid(echo_pid, nullptr, 0);
