@@ -86,16 +86,6 @@ bool ValidHolder(absl::string_view holder) {
   });
 }
 
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-}
-
-void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
-  const int64_t ns = absl::ToUnixNanos(t);
-  out->set_seconds(ns / 1000000000);
-  out->set_nanos(static_cast<int32_t>(ns % 1000000000));
-}
-
 absl::Status CheckId(absl::string_view field, absl::string_view id) {
   if (id.size() > kMaxIdLength) {
     return InvalidField(
@@ -444,11 +434,7 @@ absl::StatusOr<kv1::AllocResponse> AttachServer::Session::AllocForHolder(
   absl::StatusOr<AllocResult> result = pool_->Alloc(alloc);
   if (!result.ok()) return result.status();
   kv1::AllocResponse response;
-  ToProto(result->pages, response.mutable_pages());
-  response.set_num_blocks(result->num_blocks);
-  response.set_generation(result->generation);
-  response.set_replayed(result->replayed);
-  response.set_pages_mapped(result->pages_mapped);
+  ToProto(*result, &response);
   if (!result->replayed) {
     absl::MutexLock lock(&server_->mu_);
     Holder& h = server_->holders_[holder_];
@@ -536,11 +522,7 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnFree(
     }
   }
   v1::Frame out;
-  kv1::FreeResponse* r = out.mutable_free_reply();
-  r->set_freed_blocks(result->freed_blocks);
-  r->set_pages_unmapped(result->pages_unmapped);
-  r->set_generation(result->generation);
-  r->set_replayed(result->replayed);
+  ToProto(*result, out.mutable_free_reply());
   return out;
 }
 
@@ -552,20 +534,12 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnReserve(
                         absl::StrCat("more than ", kMaxSessionBlocks));
   }
   KVB_RETURN_IF_ERROR(CheckId("request_id", request.request_id()));
-  ReserveRequest reserve;
-  reserve.num_blocks = request.num_blocks();
-  if (request.has_ttl()) reserve.ttl = FromProto(request.ttl());
+  ReserveRequest reserve = FromProto(request);
   reserve.request_id = HolderRequestId(holder_, request.request_id());
   absl::StatusOr<ReservationInfo> result = pool_->Reserve(reserve);
   if (!result.ok()) return result.status();
   v1::Frame out;
-  kv1::ReserveResponse* r = out.mutable_reserve_reply();
-  r->set_reservation_id(result->reservation_id);
-  ToProto(result->pages, r->mutable_pages());
-  r->set_num_blocks(result->num_blocks);
-  ToProto(result->expires, r->mutable_expire_time());
-  r->set_generation(result->generation);
-  r->set_replayed(result->replayed);
+  ToProto(*result, out.mutable_reserve_reply());
   return out;
 }
 
@@ -577,9 +551,7 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnRelease(
       pool_->ReleaseReservation(request.reservation_id());
   if (!result.ok()) return result.status();
   v1::Frame out;
-  out.mutable_release_reservation_reply()->set_released_blocks(
-      result->released_blocks);
-  out.mutable_release_reservation_reply()->set_generation(result->generation);
+  ToProto(*result, out.mutable_release_reservation_reply());
   return out;
 }
 
