@@ -89,7 +89,31 @@ class Backend {
   // Queries the device's free and total memory. This may cost several
   // microseconds on a GPU; the allocator calls it only from DeviceBudgets.
   virtual absl::StatusOr<MemoryInfo> QueryMemory(int device) = 0;
+
+  // Sharing with engines (SPEC section 10).
+  //
+  // Exports `handle` as a POSIX file descriptor that another process can map
+  // (host: mmap; CUDA: cuMemImportFromShareableHandle). Each call returns a
+  // new close-on-exec fd that the caller owns and must close; the memory
+  // stays alive while any exported fd or importer's mapping does, even after
+  // Release. Exporting can cost up to a millisecond on a GPU: export a
+  // handle once and keep the fd. UNIMPLEMENTED where the backend cannot
+  // export (the default); UNAVAILABLE when this handle was created without
+  // an exportable type.
+  virtual absl::StatusOr<int> ExportHandle(int device, PhysicalHandle handle);
+  // A name of `device` that other processes can match against their own
+  // devices ("GPU-<uuid>" on CUDA, whose ordinals depend on
+  // CUDA_VISIBLE_DEVICES; "host-<ordinal>" on the host). Empty when unknown
+  // (the default).
+  virtual std::string device_uuid(int device) const;
 };
+
+inline absl::StatusOr<int> Backend::ExportHandle(int device,
+                                                 PhysicalHandle handle) {
+  return absl::UnimplementedError("this backend cannot export handles");
+}
+
+inline std::string Backend::device_uuid(int device) const { return ""; }
 
 }  // namespace kvbroker
 

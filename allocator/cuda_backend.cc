@@ -4,6 +4,7 @@
 #include "allocator/cuda_backend.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 
 #include <utility>
 
@@ -100,7 +101,9 @@ absl::Status CudaBackend::CheckAligned(int device, absl::string_view what,
   X(cuMemRelease)                    \
   X(cuMemGetInfo)                    \
   X(cuMemcpyHtoD)                    \
-  X(cuMemcpyDtoH)
+  X(cuMemcpyDtoH)                    \
+  X(cuMemExportToShareableHandle)    \
+  X(cuDeviceGetUuid)
 
 #define KVB_CUDA_STRINGIFY_(x) #x
 #define KVB_CUDA_STRINGIFY(x) KVB_CUDA_STRINGIFY_(x)
@@ -190,6 +193,16 @@ CUmemAllocationProp DeviceAllocationProp(CUdevice device,
   return prop;
 }
 
+// "GPU-" and the 16 bytes as 8-4-4-4-12 hex digits.
+std::string FormatUuid(const unsigned char* b) {
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    absl::StrAppend(&out, absl::Hex(b[i], absl::kZeroPad2));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
@@ -267,6 +280,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
       return Unavailable(d.Error(r, "cuDeviceTotalMem", ordinal).message());
     }
     dev.total = Bytes(static_cast<int64_t>(total));
+    CUuuid uuid = {};
+    if (d.cuDeviceGetUuid(&uuid, cu_device) == CUDA_SUCCESS) {
+      dev.uuid = FormatUuid(reinterpret_cast<const unsigned char*>(uuid.bytes));
+    }
 
     int vmm = 0;
     r = d.cuDeviceGetAttribute(
@@ -349,6 +366,32 @@ CudaBackend::~CudaBackend() {
   for (const Device& dev : devices_) {
     driver_->cuDevicePrimaryCtxRelease(dev.cu_device);
   }
+}
+
+absl::StatusOr<int> CudaBackend::ExportHandle(int device,
+                                              PhysicalHandle handle) {
+  if (absl::Status s = Enter(device); !s.ok()) return s;
+  if (!exportable(device)) {
+    return absl::UnavailableError(
+        absl::StrCat("device ", device,
+                     " creates handles without POSIX file descriptor export"));
+  }
+  int fd = -1;
+  CUresult r = driver_->cuMemExportToShareableHandle(
+      &fd, handle.value, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (r != CUDA_SUCCESS) {
+    return driver_->Error(r, "cuMemExportToShareableHandle", device);
+  }
+  // The driver's fd is not close-on-exec; engines are exec()ed, never
+  // forked, so mark it to keep it out of unrelated children.
+  const int flags = fcntl(fd, F_GETFD);
+  if (flags >= 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  return fd;
+}
+
+std::string CudaBackend::device_uuid(int device) const {
+  if (device < 0 || device >= device_count()) return "";
+  return devices_[device].uuid;
 }
 
 bool CudaBackend::exportable(int device) const {
@@ -564,6 +607,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 CudaBackend::~CudaBackend() = default;
 
 bool CudaBackend::exportable(int /*device*/) const { return false; }
+
+absl::StatusOr<int> CudaBackend::ExportHandle(int /*device*/,
+                                              PhysicalHandle /*handle*/) {
+  return NoCuda();
+}
+
+std::string CudaBackend::device_uuid(int /*device*/) const { return ""; }
 
 absl::Status CudaBackend::Enter(int /*device*/) const { return NoCuda(); }
 

@@ -126,6 +126,12 @@ class CudaBackend final : public Backend {
   absl::Status Unmap(int device, uint64_t address, Bytes size) override;
   absl::Status Release(int device, PhysicalHandle handle) override;
   absl::StatusOr<MemoryInfo> QueryMemory(int device) override;
+  // cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  // UNAVAILABLE on a device whose handles are not exportable().
+  absl::StatusOr<int> ExportHandle(int device, PhysicalHandle handle) override;
+  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (cuDeviceGetUuid, as
+  // nvidia-smi prints it).
+  std::string device_uuid(int device) const override;
 
   // Facts gathered at Create(), for logs and metrics.
   // The driver's CUDA version, e.g. 13000.
@@ -163,6 +169,7 @@ class CudaBackend final : public Backend {
     int handle_type = 0;          // CUmemAllocationHandleType for cuMemCreate
     Bytes total;                  // cuDeviceTotalMem
     std::string name;             // cuDeviceGetName
+    std::string uuid;             // cuDeviceGetUuid, formatted
   };
 
   CudaBackend(std::unique_ptr<const Driver> driver, int driver_version,

@@ -19,6 +19,7 @@ const char* OpName(BackendOp op) {
     case BackendOp::kUnmap: return "Unmap";
     case BackendOp::kRelease: return "Release";
     case BackendOp::kQueryMemory: return "QueryMemory";
+    case BackendOp::kExportHandle: return "ExportHandle";
     case BackendOp::kCount: break;
   }
   return "?";
@@ -138,6 +139,14 @@ absl::Status FaultInjectingBackend::Unmap(int device, uint64_t address,
                                           Bytes size) {
   if (absl::Status s = Intercept(BackendOp::kUnmap, device); !s.ok()) return s;
   return target_->Unmap(device, address, size);
+}
+
+absl::StatusOr<int> FaultInjectingBackend::ExportHandle(int device,
+                                                        PhysicalHandle handle) {
+  if (absl::Status s = Intercept(BackendOp::kExportHandle, device); !s.ok()) {
+    return s;
+  }
+  return target_->ExportHandle(device, handle);
 }
 
 absl::Status FaultInjectingBackend::Release(int device, PhysicalHandle handle) {

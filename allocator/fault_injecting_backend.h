@@ -34,6 +34,7 @@ enum class BackendOp : int {
   kUnmap,
   kRelease,
   kQueryMemory,
+  kExportHandle,
   kCount,  // number of operations, not an operation
 };
 
@@ -104,6 +105,10 @@ class FaultInjectingBackend final : public Backend {
   absl::Status Unmap(int device, uint64_t address, Bytes size) override;
   absl::Status Release(int device, PhysicalHandle handle) override;
   absl::StatusOr<MemoryInfo> QueryMemory(int device) override;
+  absl::StatusOr<int> ExportHandle(int device, PhysicalHandle handle) override;
+  std::string device_uuid(int device) const override {
+    return target_->device_uuid(device);
+  }
 
  private:
   struct ArmedRule {

@@ -155,6 +155,23 @@ absl::Status HostBackend::Release(int device, PhysicalHandle handle) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> HostBackend::ExportHandle(int device,
+                                              PhysicalHandle handle) {
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = handles_.find(handle.value);
+  if (it == handles_.end() || it->second.device != device) {
+    return absl::InvalidArgumentError("export: unknown handle");
+  }
+  const int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus("export (dup memfd)", errno);
+  return fd;
+}
+
+std::string HostBackend::device_uuid(int device) const {
+  return absl::StrCat("host-", device);
+}
+
 absl::StatusOr<MemoryInfo> HostBackend::QueryMemory(int device) {
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   absl::MutexLock lock(&mu_);

@@ -51,6 +51,10 @@ class HostBackend final : public Backend {
   absl::Status Unmap(int device, uint64_t address, Bytes size) override;
   absl::Status Release(int device, PhysicalHandle handle) override;
   absl::StatusOr<MemoryInfo> QueryMemory(int device) override;
+  // A duplicate of the handle's memfd (F_DUPFD_CLOEXEC).
+  absl::StatusOr<int> ExportHandle(int device, PhysicalHandle handle) override;
+  // "host-<device>".
+  std::string device_uuid(int device) const override;
 
   // Simulates other processes using `bytes` of `device`.
   void SetExternalUse(int device, Bytes bytes) ABSL_LOCKS_EXCLUDED(mu_);

@@ -4,12 +4,17 @@
 
 #include "allocator/host_backend.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <set>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "allocator/fault_injecting_backend.h"
 #include "allocator/units.h"
 #include "gtest/gtest.h"
 
@@ -300,6 +305,74 @@ TEST(HostBackendTest, PreconditionViolationsAreInvalidArgument) {
   EXPECT_EQ(b.Release(0, h).code(), kInvalid);
   EXPECT_EQ(b.created_bytes(0), Bytes(0));
   EXPECT_TRUE(b.FreeRange(0, *r).ok());
+}
+
+// An exported fd is a second view of the same memory: what is written
+// through the pool's mapping reads back through an independent mmap of the
+// fd, and the reverse, even after the handle is unmapped and released.
+TEST(HostBackendTest, ExportedFdMapsTheSameMemory) {
+  HostBackend b(Options(2, MiB(64)));
+  EXPECT_EQ(b.device_uuid(0), "host-0");
+  EXPECT_EQ(b.device_uuid(1), "host-1");
+  auto r = b.ReserveRange(1, kPage * 2);
+  ASSERT_TRUE(r.ok());
+  PhysicalHandle h = MustCreate(b, 1, kPage);
+  MapRW(b, 1, r->base + kPage.value(), kPage, h);
+  Fill(At(r->base + kPage.value()), kPage, 0x31);
+
+  absl::StatusOr<int> fd = b.ExportHandle(1, h);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(fcntl(*fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  void* view =
+      mmap(nullptr, kPage.value(), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  ASSERT_NE(view, MAP_FAILED);
+  EXPECT_TRUE(HasPattern(static_cast<char*>(view), kPage, 0x31));
+  Fill(static_cast<char*>(view), kPage, 0x77);
+  EXPECT_TRUE(HasPattern(At(r->base + kPage.value()), kPage, 0x77));
+
+  // A second export is another fd of the same memory.
+  absl::StatusOr<int> fd2 = b.ExportHandle(1, h);
+  ASSERT_TRUE(fd2.ok());
+  EXPECT_NE(*fd2, *fd);
+  close(*fd2);
+
+  ASSERT_TRUE(b.Unmap(1, r->base + kPage.value(), kPage).ok());
+  ASSERT_TRUE(b.Release(1, h).ok());
+  EXPECT_TRUE(HasPattern(static_cast<char*>(view), kPage, 0x77));
+  munmap(view, kPage.value());
+  close(*fd);
+  EXPECT_TRUE(b.FreeRange(1, *r).ok());
+}
+
+TEST(HostBackendTest, ExportRefusesUnknownHandlesAndDevices) {
+  HostBackend b(Options(2, MiB(64)));
+  PhysicalHandle h = MustCreate(b, 0, kPage);
+  EXPECT_EQ(b.ExportHandle(1, h).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.ExportHandle(0, PhysicalHandle{h.value + 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.ExportHandle(7, h).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(b.Release(0, h).ok());
+  EXPECT_EQ(b.ExportHandle(0, h).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostBackendTest, FaultInjectingWrapperForwardsAndFailsExport) {
+  HostBackend host(Options(1, MiB(64)));
+  FaultInjectingBackend b(&host);
+  EXPECT_EQ(b.device_uuid(0), "host-0");
+  absl::StatusOr<PhysicalHandle> h = b.Create(0, kPage);
+  ASSERT_TRUE(h.ok());
+  b.AddFault({BackendOp::kExportHandle, FaultKind::kError, 2, 0});
+  absl::StatusOr<int> first = b.ExportHandle(0, *h);
+  ASSERT_TRUE(first.ok()) << first.status();
+  close(*first);
+  EXPECT_EQ(b.ExportHandle(0, *h).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(b.calls(BackendOp::kExportHandle), 2);
+  EXPECT_EQ(b.injected(BackendOp::kExportHandle), 1);
+  ASSERT_TRUE(b.Release(0, *h).ok());
 }
 
 }  // namespace

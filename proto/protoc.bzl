@@ -5,7 +5,8 @@ repository, which an offline build does not have; a genrule running
 /usr/bin/protoc (and /usr/bin/grpc_cpp_plugin for services) does the same job.
 """
 
-def cc_proto(name, srcs, grpc = False, deps = [], visibility = None, alwayslink = True):
+def cc_proto(name, srcs, grpc = False, deps = [], visibility = None, alwayslink = True,
+             messages = None):
     """Generates and compiles C++ for `srcs` (paths relative to this package).
 
     Generated headers are included by their path from this package, e.g.
@@ -21,11 +22,17 @@ def cc_proto(name, srcs, grpc = False, deps = [], visibility = None, alwayslink 
       visibility: of the cc_library.
       alwayslink: keep every descriptor in binaries, so that server
         reflection can resolve types no code references.
+      messages: with grpc, a cc_proto of the same `srcs` that already holds
+        their messages; this target then generates only the service stubs
+        and depends on it (so code that needs the messages alone does not
+        link gRPC).
     """
     pkg = native.package_name()
     stems = [src[:-len(".proto")] for src in srcs]
-    hdrs = [s + ".pb.h" for s in stems]
-    cc_srcs = [s + ".pb.cc" for s in stems]
+    hdrs = [] if messages else [s + ".pb.h" for s in stems]
+    cc_srcs = [] if messages else [s + ".pb.cc" for s in stems]
+    if messages:
+        deps = deps + [messages]
     if grpc:
         hdrs += [s + ".grpc.pb.h" for s in stems]
         cc_srcs += [s + ".grpc.pb.cc" for s in stems]
@@ -38,7 +45,8 @@ def cc_proto(name, srcs, grpc = False, deps = [], visibility = None, alwayslink 
         srcs = srcs + [d + "_srcs" for d in deps],
         outs = hdrs + cc_srcs,
         cmd = ("/usr/bin/protoc -I" + pkg + " -I/usr/include " +
-               "--cpp_out=$(GENDIR)/" + pkg + " " + grpc_flags +
+               ("" if messages else "--cpp_out=$(GENDIR)/" + pkg + " ") +
+               grpc_flags +
                " ".join([pkg + "/" + s for s in srcs])),
         message = "protoc " + " ".join(srcs),
     )

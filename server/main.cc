@@ -35,6 +35,7 @@
 #include "allocator/cuda_backend.h"
 #include "allocator/host_backend.h"
 #include "allocator/units.h"
+#include "attach/attach_server.h"
 #include "common/byte_size.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
 #include "server/access.h"
@@ -70,6 +71,12 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(std::string, unix_socket, "",
           "Unix socket path to serve on as well (engines on this node "
           "connect here); empty: none.");
+ABSL_FLAG(std::string, attach_socket, "",
+          "Unix socket (SOCK_SEQPACKET) where engines on this node attach to "
+          "pools and allocate blocks on a session "
+          "(proto/kvbroker/v1/attach.proto); the --auth_tokens apply. A live "
+          "server on the path is never taken over; a stale socket file is "
+          "replaced. Empty: none.");
 ABSL_FLAG(std::string, backend, "auto",
           "Memory backend: 'cuda' (GPU memory through the CUDA driver, "
           "loaded at run time; fails if no usable GPU), 'host' (memfd-backed "
@@ -313,6 +320,18 @@ int Run() {
     metrics = *std::move(started);
   }
 
+  std::unique_ptr<attach::AttachServer> attach_server;
+  if (const std::string path = absl::GetFlag(FLAGS_attach_socket);
+      !path.empty()) {
+    attach::AttachServerOptions attach_options;
+    attach_options.socket_path = path;
+    attach_options.access = options.access;
+    absl::StatusOr<std::unique_ptr<attach::AttachServer>> started =
+        attach::AttachServer::Start((*daemon)->broker(), attach_options);
+    if (!started.ok()) return Fail(started.status());
+    attach_server = *std::move(started);
+  }
+
   absl::PrintF(
       "kvbrokerd: %s backend with %d device(s); serving "
       "kvbroker.v1.KvBroker",
@@ -329,6 +348,9 @@ int Run() {
     absl::PrintF("%s %s", (*daemon)->tcp_address().empty() ? " on" : " and",
                  (*daemon)->unix_address());
   }
+  if (attach_server != nullptr) {
+    absl::PrintF("; engines attach on %s", attach_server->socket_path());
+  }
   if (metrics != nullptr) {
     const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
     absl::PrintF("; metrics on http://%s:%d/metrics",
@@ -342,7 +364,9 @@ int Run() {
   LogLine("%s received, draining (up to %s)",
           signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
           absl::FormatDuration(options.drain_timeout));
+  if (attach_server != nullptr) attach_server->Stop();
   (*daemon)->Drain();
+  attach_server.reset();
   metrics.reset();  // it reads the broker
   daemon->reset();
   LogLine("stopped");

@@ -1,0 +1,748 @@
+// AttachServer: the listener, the sessions and the holders' blocks.
+
+#include "attach/attach_server.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/failure.h"
+#include "attach/frame.h"
+#include "server/log.h"
+#include "server/proto_convert.h"
+
+namespace kvbroker::attach {
+namespace {
+
+namespace kv1 = ::kvbroker::v1;
+
+// Free request ids remembered per holder for replays.
+constexpr size_t kRememberedFrees = 1024;
+// How long a reply may wait for an engine that does not read its socket.
+constexpr int kSendTimeoutSeconds = 10;
+
+absl::Status Errno(absl::string_view what, int err) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", strerror(err)));
+}
+
+// Binds a SOCK_SEQPACKET listener at `path`, replacing a stale socket file
+// and refusing a live one.
+absl::StatusOr<UniqueFd> Listen(const std::string& path) {
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--attach_socket \"", path, "\" is empty or longer than ",
+                     sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  memcpy(addr.sun_path, path.data(), path.size());
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " exists and is not a socket"));
+    }
+    UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (!probe.valid()) return Errno("socket", errno);
+    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&addr),
+                sizeof(addr)) == 0) {
+      ucred peer = {};
+      socklen_t len = sizeof(peer);
+      std::string who = "another process";
+      if (getsockopt(probe.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0) {
+        who = absl::StrCat("process ", peer.pid);
+      }
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " is served by ", who, "; not taking it over"));
+    }
+    if (errno != ECONNREFUSED && errno != ENOENT) {
+      return Errno(absl::StrCat("probe ", path), errno);
+    }
+    unlink(path.c_str());  // stale: nobody listens
+  }
+  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Errno("socket", errno);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Errno(absl::StrCat("bind ", path), errno);
+  }
+  if (listen(fd.get(), 128) != 0) return Errno("listen", errno);
+  return fd;
+}
+
+bool ValidHolder(absl::string_view holder) {
+  if (holder.empty() || holder.size() > kMaxHolderLength) return false;
+  return std::all_of(holder.begin(), holder.end(), [](char c) {
+    return absl::ascii_isgraph(static_cast<unsigned char>(c));
+  });
+}
+
+absl::Status CheckId(absl::string_view field, absl::string_view id) {
+  if (id.size() > kMaxIdLength) {
+    return InvalidField(
+        field, absl::StrCat("longer than ", kMaxIdLength, " characters"));
+  }
+  return absl::OkStatus();
+}
+
+// The pool's namespace of a holder's request ids.
+std::string HolderRequestId(absl::string_view holder, absl::string_view id) {
+  if (id.empty()) return "";
+  return absl::StrCat("attach/", holder, "/", id);
+}
+
+}  // namespace
+
+// One connection, served by its own thread.
+class AttachServer::Session {
+ public:
+  Session(AttachServer* server, uint64_t id, UniqueFd socket)
+      : server_(server), id_(id), channel_(std::move(socket)) {}
+
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  uint64_t id() const { return id_; }
+  // Set once by Hello / Attach on the session's thread, read under the
+  // server's lock by Sessions().
+  const std::string& holder() const { return holder_; }
+  int64_t pid() const { return pid_; }
+  const std::string& pool_name() const { return pool_name_; }
+  // Whether the engine asked for its blocks to go now (SessionEnd.release).
+  bool release_on_end() const { return release_on_end_; }
+  absl::Duration grace() const { return grace_; }
+
+ private:
+  void Run();
+  // Answers one frame; false when the session ends.
+  bool Handle(ReceivedFrame received);
+  void Reply(uint64_t seq, absl::StatusOr<v1::Frame> reply);
+  absl::StatusOr<v1::Frame> OnHello(const v1::Hello& hello);
+  absl::StatusOr<v1::Frame> OnAttach(const v1::AttachRequest& request);
+  absl::StatusOr<v1::Frame> OnAlloc(const kv1::AllocRequest& request);
+  absl::StatusOr<v1::Frame> OnFree(const kv1::FreeRequest& request);
+  absl::StatusOr<v1::Frame> OnReserve(const kv1::ReserveRequest& request);
+  absl::StatusOr<v1::Frame> OnRelease(
+      const kv1::ReleaseReservationRequest& request);
+  absl::StatusOr<v1::Frame> OnCapacity(const kv1::CapacityRequest& request);
+  // Refuses a pool operation before Attach or naming another pool.
+  absl::Status CheckPool(absl::string_view pool) const;
+  // Allocates through the pool and records the blocks as the holder's.
+  absl::StatusOr<kv1::AllocResponse> AllocForHolder(AllocRequest alloc);
+
+  AttachServer* const server_;
+  const uint64_t id_;
+  FrameChannel channel_;
+  std::thread thread_;
+
+  // Session state, touched only by the session's thread (holder_, pid_ and
+  // pool_name_ are also read by Sessions(), after being written under the
+  // server's lock).
+  bool greeted_ = false;
+  std::string holder_;
+  int64_t pid_ = 0;
+  absl::Duration grace_;
+  const AccessPolicy::Grant* grant_ = nullptr;
+  std::shared_ptr<PagePool> pool_;
+  std::string pool_name_;
+  bool release_on_end_ = false;
+};
+
+void AttachServer::Session::Run() {
+  while (true) {
+    pollfd fds[2] = {{channel_.fd(), POLLIN, 0},
+                     {server_->wake_.get(), POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (fds[1].revents & POLLIN) {
+      v1::Frame end;
+      end.mutable_session_end()->set_message("kvbrokerd is stopping");
+      channel_.Send(end).IgnoreError();
+      break;
+    }
+    absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    if (!got.ok()) {
+      if (ProtocolErrorOf(got.status()) == v1::PROTOCOL_ERROR_UNSPECIFIED) {
+        break;  // peer closed or the socket failed
+      }
+      Reply(0, got.status());
+      continue;
+    }
+    if (!Handle(*std::move(got))) break;
+  }
+  server_->Finished(this);
+}
+
+void AttachServer::Session::Reply(uint64_t seq,
+                                  absl::StatusOr<v1::Frame> reply) {
+  v1::Frame out;
+  if (reply.ok()) {
+    out = *std::move(reply);
+  } else {
+    *out.mutable_error() = ToError(reply.status());
+  }
+  out.set_seq(seq);
+  channel_.Send(out).IgnoreError();  // a gone peer ends the loop on receive
+}
+
+bool AttachServer::Session::Handle(ReceivedFrame received) {
+  const v1::Frame& f = received.frame;
+  const uint64_t seq = f.seq();
+  if (!greeted_ && !f.has_hello()) {
+    Reply(seq, ProtocolFailure(v1::UNEXPECTED_MESSAGE,
+                               "the first message must be Hello"));
+    return true;
+  }
+  switch (f.body_case()) {
+    case v1::Frame::kHello: Reply(seq, OnHello(f.hello())); return true;
+    case v1::Frame::kAttach: Reply(seq, OnAttach(f.attach())); return true;
+    case v1::Frame::kAlloc: Reply(seq, OnAlloc(f.alloc())); return true;
+    case v1::Frame::kFree: Reply(seq, OnFree(f.free())); return true;
+    case v1::Frame::kReserve: Reply(seq, OnReserve(f.reserve())); return true;
+    case v1::Frame::kReleaseReservation:
+      Reply(seq, OnRelease(f.release_reservation()));
+      return true;
+    case v1::Frame::kCapacity:
+      Reply(seq, OnCapacity(f.capacity()));
+      return true;
+    case v1::Frame::kRevokeAck:
+      Reply(seq, ProtocolFailure(
+                     v1::UNKNOWN_REVOCATION,
+                     absl::StrCat("revocation ", f.revoke_ack().revoke_id(),
+                                  " is not pending on this session")));
+      return true;
+    case v1::Frame::kSessionEnd:
+      release_on_end_ = f.session_end().release();
+      return false;
+    default:
+      Reply(seq,
+            ProtocolFailure(v1::UNEXPECTED_MESSAGE,
+                            absl::StrCat("message ", f.body_case(),
+                                         " is sent by the daemon, not to it")));
+      return true;
+  }
+}
+
+absl::StatusOr<v1::Frame> AttachServer::Session::OnHello(
+    const v1::Hello& hello) {
+  if (greeted_) {
+    return ProtocolFailure(v1::UNEXPECTED_MESSAGE, "Hello was already said");
+  }
+  if (hello.protocol_version() < kProtocolVersion) {
+    return ProtocolFailure(
+        v1::UNSUPPORTED_VERSION,
+        absl::StrCat("protocol version ", hello.protocol_version(),
+                     " is not supported; this daemon speaks ", kProtocolVersion,
+                     " to ", kProtocolVersion));
+  }
+  if (server_->options_.access != nullptr) {
+    absl::StatusOr<const AccessPolicy::Grant*> grant =
+        server_->options_.access->Authenticate(
+            absl::StrCat("Bearer ", hello.token()));
+    if (!grant.ok()) return grant.status();
+    grant_ = *grant;
+  }
+  if (!ValidHolder(hello.holder())) {
+    return InvalidField("hello.holder",
+                        absl::StrCat("1 to ", kMaxHolderLength,
+                                     " printable characters without spaces"));
+  }
+  const absl::Duration grace = FromProto(hello.reattach_grace());
+  if (grace < absl::ZeroDuration() ||
+      grace > server_->options_.max_reattach_grace) {
+    return InvalidField(
+        "hello.reattach_grace",
+        absl::StrCat("must be in [0, ",
+                     absl::FormatDuration(server_->options_.max_reattach_grace),
+                     "]"));
+  }
+  bool reattached = false;
+  {
+    absl::MutexLock lock(&server_->mu_);
+    auto it = server_->holders_.find(hello.holder());
+    if (it != server_->holders_.end()) {
+      if (it->second.session != nullptr) {
+        return ProtocolFailure(
+            v1::HOLDER_BUSY,
+            absl::StrCat("holder ", hello.holder(), " has a live session (",
+                         it->second.session->id(), ")"));
+      }
+      it->second.session = this;
+      reattached = true;
+    } else {
+      server_->holders_[hello.holder()].session = this;
+    }
+    holder_ = hello.holder();
+    pid_ = hello.pid();
+  }
+  grace_ = grace;
+  greeted_ = true;
+  v1::Frame out;
+  v1::HelloReply* r = out.mutable_hello_reply();
+  r->set_protocol_version(kProtocolVersion);
+  r->set_session_id(id_);
+  r->set_reattached(reattached);
+  r->set_max_frame_bytes(kMaxFrameBytes);
+  r->set_max_fds_per_frame(kMaxFdsPerFrame);
+  return out;
+}
+
+absl::StatusOr<v1::Frame> AttachServer::Session::OnAttach(
+    const v1::AttachRequest& request) {
+  if (pool_ != nullptr) {
+    return ProtocolFailure(v1::UNEXPECTED_MESSAGE,
+                           absl::StrCat("already attached to ", pool_name_));
+  }
+  if (grant_ != nullptr) {
+    KVB_RETURN_IF_ERROR(
+        AccessPolicy::Authorize(*grant_, request.pool(), "Attach"));
+  }
+  KVB_RETURN_IF_ERROR(
+      CheckId("attach.reservation_id", request.reservation_id()));
+  KVB_RETURN_IF_ERROR(CheckId("attach.request_id", request.request_id()));
+  if (request.reservation_blocks() < 0 ||
+      request.reservation_blocks() > kMaxSessionBlocks) {
+    return InvalidField(
+        "attach.reservation_blocks",
+        absl::StrCat("must be in [0, ", kMaxSessionBlocks, "]"));
+  }
+  if (request.reservation_id().empty() != (request.reservation_blocks() == 0)) {
+    return InvalidField("attach.reservation_blocks",
+                        "a reservation is redeemed with its id and a block "
+                        "count, both or neither");
+  }
+  absl::StatusOr<std::shared_ptr<PagePool>> pool =
+      server_->broker_->GetPool(request.pool());
+  if (!pool.ok()) return pool.status();
+  const Geometry& g = (*pool)->geometry();
+  // Session devices: indices into the pool's device list, in the order
+  // asked (or all of them).
+  std::vector<int> indices;
+  if (request.devices().empty()) {
+    for (int i = 0; i < g.device_count(); ++i) indices.push_back(i);
+  } else {
+    for (int ordinal : request.devices()) {
+      auto it = std::find(g.devices().begin(), g.devices().end(), ordinal);
+      if (it == g.devices().end()) {
+        return InvalidField(
+            "attach.devices",
+            absl::StrCat("device ", ordinal, " is not a device of pool ",
+                         request.pool()));
+      }
+      const int index = static_cast<int>(it - g.devices().begin());
+      if (std::find(indices.begin(), indices.end(), index) != indices.end()) {
+        return InvalidField("attach.devices",
+                            absl::StrCat("device ", ordinal, " repeated"));
+      }
+      indices.push_back(index);
+    }
+  }
+
+  v1::Frame out;
+  v1::AttachReply* reply = out.mutable_attach_reply();
+  {
+    absl::MutexLock lock(&server_->mu_);
+    Holder& h = server_->holders_[holder_];
+    if (h.pool != nullptr && h.pool != *pool) {
+      // A reattach to another pool: what the holder kept elsewhere goes.
+      FreeAll(holder_, h);
+    }
+    h.pool = *pool;
+    std::vector<int64_t> held(h.blocks.begin(), h.blocks.end());
+    std::sort(held.begin(), held.end());
+    for (int64_t b : held) {
+      const int64_t page = g.page_of(b);
+      if (reply->held_size() == 0 ||
+          reply->held(reply->held_size() - 1).page_id() != page) {
+        reply->add_held()->set_page_id(page);
+      }
+      reply->mutable_held(reply->held_size() - 1)->add_block_ids(b);
+    }
+    pool_ = *pool;
+    pool_name_ = request.pool();
+  }
+  if (!request.reservation_id().empty()) {
+    AllocRequest alloc;
+    alloc.num_blocks = request.reservation_blocks();
+    alloc.reservation_id = request.reservation_id();
+    alloc.request_id = HolderRequestId(holder_, request.request_id());
+    absl::StatusOr<kv1::AllocResponse> redeemed = AllocForHolder(alloc);
+    if (!redeemed.ok()) {
+      absl::MutexLock lock(&server_->mu_);
+      pool_ = nullptr;
+      pool_name_.clear();
+      return redeemed.status();
+    }
+    *reply->mutable_redeemed() = *std::move(redeemed);
+  }
+
+  v1::PoolLayout* layout = reply->mutable_layout();
+  const PoolConfig& c = g.config();
+  layout->set_pool(c.name);
+  layout->set_virtual_bytes_per_device(g.virtual_bytes_per_device().value());
+  layout->set_bundle_bytes(g.bundle_bytes().value());
+  layout->set_block_stride_bytes(g.block_stride().value());
+  layout->set_layer_offset_bytes(c.block_bytes.value() * c.num_kv_buffers);
+  layout->set_buffer_offset_bytes(c.block_bytes.value());
+  layout->set_page_size(c.page_size.value());
+  layout->set_block_bytes(c.block_bytes.value());
+  layout->set_num_layers(c.num_layers);
+  layout->set_num_kv_buffers(c.num_kv_buffers);
+  layout->set_page_count(g.page_count().value());
+  layout->set_max_blocks(c.max_blocks);
+  layout->set_tokens_per_block(c.tokens_per_block);
+  layout->set_backend(server_->broker_->backend()->name());
+  for (int index : indices) {
+    v1::Device* d = layout->add_devices();
+    d->set_ordinal(g.devices()[index]);
+    d->set_uuid(server_->broker_->backend()->device_uuid(g.devices()[index]));
+  }
+  // Pages are not exported to engines yet: none follow.
+  reply->set_mapped_pages(0);
+  return out;
+}
+
+absl::Status AttachServer::Session::CheckPool(absl::string_view pool) const {
+  if (pool_ == nullptr) {
+    return ProtocolFailure(v1::UNEXPECTED_MESSAGE,
+                           "attach to a pool before using it");
+  }
+  if (!pool.empty() && pool != pool_name_) {
+    return InvalidField("pool", absl::StrCat("the session is attached to ",
+                                             pool_name_, ", not ", pool));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kv1::AllocResponse> AttachServer::Session::AllocForHolder(
+    AllocRequest alloc) {
+  absl::StatusOr<AllocResult> result = pool_->Alloc(alloc);
+  if (!result.ok()) return result.status();
+  kv1::AllocResponse response;
+  ToProto(*result, &response);
+  if (!result->replayed) {
+    absl::MutexLock lock(&server_->mu_);
+    Holder& h = server_->holders_[holder_];
+    for (const PageBlocks& p : result->pages) {
+      h.blocks.insert(p.block_ids.begin(), p.block_ids.end());
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Frame> AttachServer::Session::OnAlloc(
+    const kv1::AllocRequest& request) {
+  KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
+  if (request.num_blocks() < 0 || request.num_blocks() > kMaxSessionBlocks) {
+    return InvalidField(
+        "num_blocks", absl::StrCat("must be in [0, ", kMaxSessionBlocks, "]"));
+  }
+  KVB_RETURN_IF_ERROR(CheckId("request_id", request.request_id()));
+  KVB_RETURN_IF_ERROR(CheckId("reservation_id", request.reservation_id()));
+  AllocRequest alloc;
+  alloc.num_blocks = request.num_blocks();
+  alloc.request_id = HolderRequestId(holder_, request.request_id());
+  alloc.reservation_id = request.reservation_id();
+  if (request.has_expected_generation()) {
+    alloc.expected_generation = request.expected_generation();
+  }
+  absl::StatusOr<kv1::AllocResponse> response = AllocForHolder(alloc);
+  if (!response.ok()) return response.status();
+  v1::Frame out;
+  *out.mutable_alloc_reply() = *std::move(response);
+  return out;
+}
+
+absl::StatusOr<v1::Frame> AttachServer::Session::OnFree(
+    const kv1::FreeRequest& request) {
+  KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
+  if (request.block_ids_size() > kMaxSessionBlocks) {
+    return InvalidField("block_ids",
+                        absl::StrCat("more than ", kMaxSessionBlocks, " ids"));
+  }
+  KVB_RETURN_IF_ERROR(CheckId("request_id", request.request_id()));
+  const std::string request_id = HolderRequestId(holder_, request.request_id());
+  std::vector<int64_t> ids(request.block_ids().begin(),
+                           request.block_ids().end());
+  {
+    absl::MutexLock lock(&server_->mu_);
+    Holder& h = server_->holders_[holder_];
+    const bool retry =
+        !request_id.empty() &&
+        std::find(h.free_request_ids.begin(), h.free_request_ids.end(),
+                  request_id) != h.free_request_ids.end();
+    if (!retry) {
+      absl::flat_hash_set<int64_t> seen;
+      for (int64_t b : ids) {
+        if (!h.blocks.contains(b) || !seen.insert(b).second) {
+          // Repeats and foreign blocks are refused here, as the pool would
+          // refuse a block that is not allocated at all.
+          if (seen.contains(b) && h.blocks.contains(b)) {
+            return InvalidField("block_ids",
+                                absl::StrCat("block ", b, " repeated"));
+          }
+          return MakeFailure(
+              FailureReason::kBlockNotAllocated,
+              absl::StrCat("block ", b, " is not allocated to holder ", holder_,
+                           "; nothing was freed"),
+              {{"block_id", Num(b)}, {"holder", holder_}});
+        }
+      }
+    }
+  }
+  FreeRequest free;
+  free.block_ids = ids;
+  free.request_id = request_id;
+  absl::StatusOr<FreeResult> result = pool_->Free(free);
+  if (!result.ok()) return result.status();
+  if (!result->replayed) {
+    absl::MutexLock lock(&server_->mu_);
+    Holder& h = server_->holders_[holder_];
+    for (int64_t b : ids) h.blocks.erase(b);
+    if (!request_id.empty()) {
+      h.free_request_ids.push_back(request_id);
+      if (h.free_request_ids.size() > kRememberedFrees) {
+        h.free_request_ids.pop_front();
+      }
+    }
+  }
+  v1::Frame out;
+  ToProto(*result, out.mutable_free_reply());
+  return out;
+}
+
+absl::StatusOr<v1::Frame> AttachServer::Session::OnReserve(
+    const kv1::ReserveRequest& request) {
+  KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
+  if (request.num_blocks() > kMaxSessionBlocks) {
+    return InvalidField("num_blocks",
+                        absl::StrCat("more than ", kMaxSessionBlocks));
+  }
+  KVB_RETURN_IF_ERROR(CheckId("request_id", request.request_id()));
+  ReserveRequest reserve = FromProto(request);
+  reserve.request_id = HolderRequestId(holder_, request.request_id());
+  absl::StatusOr<ReservationInfo> result = pool_->Reserve(reserve);
+  if (!result.ok()) return result.status();
+  v1::Frame out;
+  ToProto(*result, out.mutable_reserve_reply());
+  return out;
+}
+
+absl::StatusOr<v1::Frame> AttachServer::Session::OnRelease(
+    const kv1::ReleaseReservationRequest& request) {
+  KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
+  KVB_RETURN_IF_ERROR(CheckId("reservation_id", request.reservation_id()));
+  absl::StatusOr<ReleaseResult> result =
+      pool_->ReleaseReservation(request.reservation_id());
+  if (!result.ok()) return result.status();
+  v1::Frame out;
+  ToProto(*result, out.mutable_release_reservation_reply());
+  return out;
+}
+
+absl::StatusOr<v1::Frame> AttachServer::Session::OnCapacity(
+    const kv1::CapacityRequest& request) {
+  KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
+  if (request.max_pages() < 0 || request.max_pages() > kMaxSessionPageList) {
+    return InvalidField(
+        "max_pages", absl::StrCat("must be in [0, ", kMaxSessionPageList, "]"));
+  }
+  absl::StatusOr<CapacitySnapshot> capacity =
+      pool_->Capacity(CapacityQuery{request.max_pages()});
+  if (!capacity.ok()) return capacity.status();
+  v1::Frame out;
+  ToProto(*capacity, out.mutable_capacity_reply()->mutable_capacity());
+  return out;
+}
+
+AttachServer::AttachServer(Broker* broker, AttachServerOptions options,
+                           UniqueFd listener, UniqueFd wake)
+    : broker_(broker),
+      options_(std::move(options)),
+      listener_(std::move(listener)),
+      wake_(std::move(wake)) {}
+
+absl::StatusOr<std::unique_ptr<AttachServer>> AttachServer::Start(
+    Broker* broker, AttachServerOptions options) {
+  absl::StatusOr<UniqueFd> listener = Listen(options.socket_path);
+  if (!listener.ok()) return listener.status();
+  UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return Errno("eventfd", errno);
+  std::unique_ptr<AttachServer> server(new AttachServer(
+      broker, std::move(options), *std::move(listener), std::move(wake)));
+  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+AttachServer::~AttachServer() { Stop(); }
+
+void AttachServer::AcceptLoop() {
+  const int timeout_ms = static_cast<int>(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.reap_interval)));
+  while (true) {
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    const int n = poll(fds, 2, timeout_ms);
+    if (n < 0 && errno != EINTR) break;
+    if (n > 0 && (fds[1].revents & POLLIN)) break;
+    std::vector<std::unique_ptr<Session>> done;
+    {
+      absl::MutexLock lock(&mu_);
+      done.swap(finished_);
+    }
+    for (auto& s : done) s->Join();
+    done.clear();
+    ReapExpired();
+    if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
+    UniqueFd conn(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!conn.valid()) continue;
+    // An engine that stops reading must not hold a session thread (or Stop)
+    // forever: a send that cannot proceed for this long fails instead.
+    const timeval send_timeout = {kSendTimeoutSeconds, 0};
+    setsockopt(conn.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
+               sizeof(send_timeout));
+    absl::MutexLock lock(&mu_);
+    if (stopping_) break;
+    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+      LogLine("attach: refusing a connection: %d sessions open",
+              options_.max_sessions);
+      continue;  // closes conn
+    }
+    const uint64_t id = next_session_id_++;
+    auto session = std::make_unique<Session>(this, id, std::move(conn));
+    Session* s = session.get();
+    sessions_[id] = std::move(session);
+    s->Start();
+  }
+}
+
+void AttachServer::FreeAll(const std::string& name, Holder& h) {
+  if (h.pool != nullptr && !h.blocks.empty()) {
+    std::vector<BlockId> ids(h.blocks.begin(), h.blocks.end());
+    FreeRequest free;
+    free.block_ids = ids;
+    absl::StatusOr<FreeResult> r = h.pool->Free(free);
+    if (!r.ok()) {
+      LogLine("attach: freeing %d blocks of holder %s: %s", ids.size(), name,
+              r.status().ToString());
+    }
+  }
+  h.blocks.clear();
+  h.free_request_ids.clear();
+  h.pool = nullptr;
+}
+
+void AttachServer::Finished(Session* session) {
+  absl::MutexLock lock(&mu_);
+  if (!session->holder().empty()) {
+    auto it = holders_.find(session->holder());
+    if (it != holders_.end() && it->second.session == session) {
+      Holder& h = it->second;
+      h.session = nullptr;
+      if (session->release_on_end() ||
+          session->grace() <= absl::ZeroDuration() || stopping_ ||
+          h.blocks.empty()) {
+        FreeAll(it->first, h);
+        holders_.erase(it);
+      } else {
+        h.grace_ends = absl::Now() + session->grace();
+      }
+    }
+  }
+  auto node = sessions_.extract(session->id());
+  if (!node.empty()) finished_.push_back(std::move(node.mapped()));
+}
+
+void AttachServer::ReapExpired() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (auto it = holders_.begin(); it != holders_.end();) {
+    Holder& h = it->second;
+    if (h.session == nullptr && h.grace_ends <= now) {
+      FreeAll(it->first, h);
+      it = holders_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void AttachServer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  const uint64_t one = 1;
+  if (write(wake_.get(), &one, sizeof(one)) < 0) {
+    LogLine("attach: cannot wake the sessions: %s", strerror(errno));
+  }
+  if (accept_thread_.joinable()) accept_thread_.join();
+  // Session threads end on the wake-up and move themselves to finished_.
+  while (true) {
+    std::vector<std::unique_ptr<Session>> done;
+    bool empty;
+    {
+      absl::MutexLock lock(&mu_);
+      done.swap(finished_);
+      empty = sessions_.empty();
+    }
+    for (auto& s : done) s->Join();
+    if (empty && done.empty()) break;
+    if (done.empty()) absl::SleepFor(absl::Milliseconds(1));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, h] : holders_) FreeAll(name, h);
+    holders_.clear();
+  }
+  unlink(options_.socket_path.c_str());
+}
+
+std::vector<SessionInfo> AttachServer::Sessions() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<SessionInfo> out;
+  for (const auto& [id, s] : sessions_) {
+    SessionInfo info;
+    info.session_id = id;
+    info.holder = s->holder();
+    info.pid = s->pid();
+    info.pool = s->pool_name();
+    auto it = holders_.find(s->holder());
+    if (it != holders_.end()) {
+      info.blocks = static_cast<int64_t>(it->second.blocks.size());
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::vector<HolderInfo> AttachServer::Holders() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<HolderInfo> out;
+  for (const auto& [name, h] : holders_) {
+    HolderInfo info;
+    info.holder = name;
+    info.pool = h.pool != nullptr ? h.pool->name() : "";
+    info.blocks = static_cast<int64_t>(h.blocks.size());
+    info.live = h.session != nullptr;
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace kvbroker::attach

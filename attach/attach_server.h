@@ -1,0 +1,156 @@
+// AttachServer: kvbrokerd's --attach_socket (SPEC section 10). Engines on
+// the node connect over AF_UNIX SOCK_SEQPACKET, say hello, attach to a pool
+// and allocate and free blocks on the session (proto/kvbroker/v1/attach.proto;
+// transport in frame.h).
+//
+// Sessions: one thread per connection reads frames and answers each in
+// order. A session moves through
+//   new --Hello--> greeted --AttachRequest--> attached --SessionEnd/EOF-->
+//   ended
+// and anything out of order is refused with UNEXPECTED_MESSAGE; every bad
+// frame gets a typed Error (seq 0 when its seq could not be read) and the
+// session carries on. Access: with an AccessPolicy, Hello's token must be
+// known (UNAUTHENTICATED) and AttachRequest's pool within its grant
+// (PERMISSION_DENIED), the same tokens and checks as over gRPC.
+//
+// Holders: blocks allocated on a session belong to the holder Hello named.
+// Only that holder may free them (BLOCK_NOT_ALLOCATED otherwise, nothing
+// freed). Request ids of session calls live in a namespace per holder, so
+// one holder's retry can never replay another's outcome. When a session
+// ends, its holder's blocks are freed at once if it asked
+// (SessionEnd.release) or chose no grace; otherwise they are kept for the
+// grace and handed to the next session that says hello with the same holder
+// name (HelloReply.reattached), or freed when the grace runs out. A holder
+// has at most one live session (HOLDER_BUSY).
+//
+// Listener: an existing socket file is replaced only when nobody answers on
+// it; a live server on the path is never taken over (FAILED_PRECONDITION
+// naming its pid). The socket file is removed on Stop.
+//
+// Thread safety: thread-safe. `broker` must outlive the server.
+
+#ifndef KVBROKER_ATTACH_ATTACH_SERVER_H_
+#define KVBROKER_ATTACH_ATTACH_SERVER_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "allocator/broker.h"
+#include "attach/unique_fd.h"
+#include "server/access.h"
+
+namespace kvbroker::attach {
+
+struct AttachServerOptions {
+  std::string socket_path;
+  // Null: every session is admitted (no --auth_tokens).
+  std::shared_ptr<const AccessPolicy> access;
+  // Connections beyond this are closed at once.
+  int max_sessions = 256;
+  // Longest reattach grace a Hello may ask for.
+  absl::Duration max_reattach_grace = absl::Hours(1);
+  // How often expired graces are reaped.
+  absl::Duration reap_interval = absl::Milliseconds(100);
+};
+
+// Bounds of session requests (past them: INVALID_ARGUMENT, nothing changes).
+// They keep every reply inside one frame.
+inline constexpr int64_t kMaxSessionBlocks = 16384;   // Alloc, Reserve, Free
+inline constexpr int64_t kMaxSessionPageList = 1024;  // Capacity.max_pages
+inline constexpr size_t kMaxHolderLength = 128;
+inline constexpr size_t kMaxIdLength = 128;  // request and reservation ids
+
+// One line of `kvbrokerctl sessions`.
+struct SessionInfo {
+  uint64_t session_id = 0;
+  std::string holder;
+  int64_t pid = 0;
+  std::string pool;  // empty until attached
+  int64_t blocks = 0;
+};
+
+// What a holder left behind, for tests and operators.
+struct HolderInfo {
+  std::string holder;
+  std::string pool;
+  int64_t blocks = 0;
+  bool live = false;  // has a session now; else waiting out its grace
+};
+
+class AttachServer {
+ public:
+  // Binds and starts accepting. UNAVAILABLE when the socket cannot be bound;
+  // FAILED_PRECONDITION when a live server holds the path.
+  static absl::StatusOr<std::unique_ptr<AttachServer>> Start(
+      Broker* broker, AttachServerOptions options);
+  // Stop().
+  ~AttachServer();
+
+  AttachServer(const AttachServer&) = delete;
+  AttachServer& operator=(const AttachServer&) = delete;
+
+  // Ends every session (SessionEnd to each engine), frees every holder's
+  // blocks and removes the socket file. Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::string& socket_path() const { return options_.socket_path; }
+  std::vector<SessionInfo> Sessions() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<HolderInfo> Holders() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees the blocks of holders whose grace has passed (the accept thread
+  // calls it every reap_interval).
+  void ReapExpired() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  class Session;
+  friend class Session;
+
+  // A holder's blocks, which outlive its sessions for the grace.
+  struct Holder {
+    std::shared_ptr<PagePool> pool;
+    absl::flat_hash_set<int64_t> blocks;
+    // Request ids of recent Frees (bounded), whose blocks may be gone from
+    // `blocks`: a retry goes to the pool for its replay.
+    std::deque<std::string> free_request_ids;
+    Session* session = nullptr;  // the live session; null while in grace
+    absl::Time grace_ends;
+  };
+
+  AttachServer(Broker* broker, AttachServerOptions options, UniqueFd listener,
+               UniqueFd wake);
+  void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees `h`'s blocks in its pool (logging a failure) and forgets them.
+  static void FreeAll(const std::string& name, Holder& h);
+  // Called by a session's thread when it ends.
+  void Finished(Session* session) ABSL_LOCKS_EXCLUDED(mu_);
+
+  Broker* const broker_;
+  const AttachServerOptions options_;
+  const UniqueFd listener_;
+  // eventfd: readable once Stop began; every thread polls it.
+  const UniqueFd wake_;
+  std::thread accept_thread_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Sessions whose thread has finished its work, joined and destroyed by
+  // the accept loop or Stop.
+  std::vector<std::unique_ptr<Session>> finished_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Holder> holders_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvbroker::attach
+
+#endif  // KVBROKER_ATTACH_ATTACH_SERVER_H_

@@ -1,0 +1,416 @@
+// AttachServer over a real socket, with engine::Session as the client: hello
+// and tokens, the pool layout, exact Alloc/Free on the session, holders'
+// ownership, session end and reattach within grace, and bad frames refused
+// with typed errors and no fd left open.
+
+#include "attach/attach_server.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "allocator/broker.h"
+#include "allocator/failure.h"
+#include "allocator/host_backend.h"
+#include "attach/frame.h"
+#include "attach/testing/fd_count.h"
+#include "engine/session.h"
+#include "gtest/gtest.h"
+#include "server/access.h"
+
+namespace kvbroker::attach {
+namespace {
+
+namespace kv1 = ::kvbroker::v1;
+using engine::AttachOptions;
+using engine::ConnectOptions;
+
+constexpr char kToken[] = "engine-token-0123456789";
+constexpr char kOtherPoolToken[] = "other-pool-token-0123456789";
+
+// P = 2 MiB, B = 256 KiB, L = 2, K = 2 on devices {0, 1}, N = 40: 8 blocks
+// per page, T = 5 pages of 8 MiB bundles.
+PoolConfig Config() {
+  PoolConfig c;
+  c.name = "kv";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(256);
+  c.num_layers = 2;
+  c.num_kv_buffers = 2;
+  c.devices = {0, 1};
+  c.max_blocks = 40;
+  c.tokens_per_block = 16;
+  return c;
+}
+
+class AttachServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HostBackendOptions ho;
+    ho.device_count = 2;
+    ho.device_total = MiB(512);
+    backend_ = std::make_unique<HostBackend>(ho);
+    BrokerOptions bo;
+    bo.start_worker = false;
+    bo.min_idle_pages = 0;
+    bo.max_idle_pages = 0;
+    broker_ = *Broker::Create(backend_.get(), bo);
+    ASSERT_TRUE(broker_->CreatePool(Config()).ok());
+    PoolConfig other = Config();
+    other.name = "other";
+    ASSERT_TRUE(broker_->CreatePool(other).ok());
+    // Socket paths must fit sun_path (108 bytes): Bazel's TMPDIR does not.
+    char dir[] = "/tmp/kvb-attach-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    path_ = dir_ + "/attach.sock";
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+    unlink((path_ + ".stale").c_str());
+    rmdir(dir_.c_str());
+  }
+
+  void StartServer(bool with_tokens = false) {
+    AttachServerOptions o;
+    o.socket_path = path_;
+    o.reap_interval = absl::Milliseconds(5);
+    if (with_tokens) {
+      kv1::AuthTokensFile file;
+      auto* t = file.add_tokens();
+      t->set_name("engine");
+      t->set_token(kToken);
+      t->add_pools("kv");
+      t = file.add_tokens();
+      t->set_name("other-engine");
+      t->set_token(kOtherPoolToken);
+      t->add_pools("other");
+      o.access = std::make_shared<AccessPolicy>(*AccessPolicy::Create(file));
+    }
+    absl::StatusOr<std::unique_ptr<AttachServer>> s =
+        AttachServer::Start(broker_.get(), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+  }
+
+  absl::StatusOr<std::unique_ptr<engine::Session>> Connect(
+      const std::string& holder, absl::Duration grace = absl::ZeroDuration(),
+      const std::string& token = "") {
+    ConnectOptions o;
+    o.socket_path = path_;
+    o.holder = holder;
+    o.reattach_grace = grace;
+    o.token = token;
+    return engine::Session::Connect(o);
+  }
+
+  std::unique_ptr<engine::Session> Attached(const std::string& holder,
+                                            absl::Duration grace = {}) {
+    auto s = Connect(holder, grace);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return nullptr;
+    AttachOptions a;
+    a.pool = "kv";
+    auto r = (*s)->Attach(a);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *std::move(s);
+  }
+
+  int64_t Allocated() {
+    return (*broker_->GetPool("kv"))->Capacity()->allocated_blocks.value();
+  }
+
+  // Waits (bounded by the test's own timeout) until `pred` holds: the
+  // server notices a closed connection on its own thread.
+  template <typename Pred>
+  void Eventually(Pred pred) {
+    while (!pred()) absl::SleepFor(absl::Milliseconds(1));
+  }
+
+  std::unique_ptr<HostBackend> backend_;
+  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<AttachServer> server_;
+  std::string dir_;
+  std::string path_;
+};
+
+TEST_F(AttachServerTest, AttachReturnsTheExactLayout) {
+  StartServer();
+  auto s = Connect("engine-a");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->hello().protocol_version(), kProtocolVersion);
+  EXPECT_EQ((*s)->hello().max_fds_per_frame(), 250);
+  EXPECT_FALSE((*s)->hello().reattached());
+  AttachOptions a;
+  a.pool = "kv";
+  auto r = (*s)->Attach(a);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::PoolLayout& l = r->layout();
+  EXPECT_EQ(l.pool(), "kv");
+  EXPECT_EQ(l.bundle_bytes(), 8 * kMiB);
+  EXPECT_EQ(l.block_stride_bytes(), 1 * kMiB);
+  EXPECT_EQ(l.layer_offset_bytes(), 512 * kKiB);
+  EXPECT_EQ(l.buffer_offset_bytes(), 256 * kKiB);
+  EXPECT_EQ(l.page_count(), 5);
+  EXPECT_EQ(l.virtual_bytes_per_device(), 40 * kMiB);
+  EXPECT_EQ(l.max_blocks(), 40);
+  EXPECT_EQ(l.tokens_per_block(), 16);
+  EXPECT_EQ(l.backend(), "host");
+  ASSERT_EQ(l.devices_size(), 2);
+  EXPECT_EQ(l.devices(0).ordinal(), 0);
+  EXPECT_EQ(l.devices(0).uuid(), "host-0");
+  EXPECT_EQ(l.devices(1).uuid(), "host-1");
+  // Block 3, layer 1, buffer 1 of device 1.
+  absl::StatusOr<uint64_t> at = (*s)->BlockAddress(1, 3, 1, 1);
+  ASSERT_TRUE(at.ok());
+  EXPECT_EQ(*at, (*s)->device_base(1) + 3 * kMiB + 512 * kKiB + 256 * kKiB);
+  EXPECT_EQ((*s)->BlockAddress(0, 40, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*s)->BlockAddress(2, 0, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(server_->Sessions().size(), 1u);
+  EXPECT_EQ(server_->Sessions()[0].holder, "engine-a");
+  EXPECT_EQ(server_->Sessions()[0].pool, "kv");
+  EXPECT_EQ(server_->Sessions()[0].pid, getpid());
+}
+
+TEST_F(AttachServerTest, AttachToOneDeviceAndRefusals) {
+  StartServer();
+  auto s = Connect("engine-a");
+  ASSERT_TRUE(s.ok());
+  AttachOptions a;
+  a.pool = "nope";
+  EXPECT_EQ(GetReason((*s)->Attach(a).status()), FailureReason::kPoolNotFound);
+  a.pool = "kv";
+  a.devices = {3};
+  EXPECT_EQ(GetReason((*s)->Attach(a).status()),
+            FailureReason::kInvalidArgument);
+  a.devices = {1, 1};
+  EXPECT_EQ(GetReason((*s)->Attach(a).status()),
+            FailureReason::kInvalidArgument);
+  a.devices = {1};
+  auto r = (*s)->Attach(a);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->layout().devices_size(), 1);
+  EXPECT_EQ(r->layout().devices(0).ordinal(), 1);
+  EXPECT_EQ((*s)->Attach(a).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(AttachServerTest, PoolOperationsBeforeAttachAreOutOfOrder) {
+  StartServer();
+  auto s = Connect("engine-a");
+  ASSERT_TRUE(s.ok());
+  // The library refuses locally; a raw frame is refused by the daemon.
+  EXPECT_EQ(ProtocolErrorOf((*s)->Alloc(1).status()), v1::UNEXPECTED_MESSAGE);
+  auto raw = FrameChannel::Connect(path_);
+  ASSERT_TRUE(raw.ok());
+  v1::Frame f;
+  f.set_seq(3);
+  f.mutable_alloc()->set_num_blocks(1);
+  ASSERT_TRUE(raw->Send(f).ok());
+  auto got = raw->Receive();
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->frame.seq(), 3u);
+  EXPECT_EQ(got->frame.error().protocol_error(), v1::UNEXPECTED_MESSAGE);
+}
+
+TEST_F(AttachServerTest, ExactCapacityOnTheSession) {
+  StartServer();
+  auto s = Attached("engine-a");
+  ASSERT_NE(s, nullptr);
+  auto cap = s->Capacity();
+  ASSERT_TRUE(cap.ok()) << cap.status();
+  EXPECT_EQ(cap->capacity().available_blocks(), 40);
+  auto all = s->Alloc(40, "first");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 40u);
+  EXPECT_EQ(GetReason(s->Alloc(1).status()), FailureReason::kPoolExhausted);
+  // A retry of the same request id replays.
+  kv1::AllocRequest again;
+  again.set_num_blocks(40);
+  again.set_request_id("first");
+  auto replay = s->Alloc(again);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_TRUE(replay->replayed());
+  EXPECT_EQ(Allocated(), 40);
+  auto freed = s->Free(*all);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(freed->freed_blocks(), 40);
+  EXPECT_EQ(Allocated(), 0);
+  EXPECT_EQ(GetReason(s->Alloc(41).status()), FailureReason::kRequestTooLarge);
+  kv1::AllocRequest elsewhere;
+  elsewhere.set_pool("other");
+  elsewhere.set_num_blocks(1);
+  EXPECT_EQ(GetReason(s->Alloc(elsewhere).status()),
+            FailureReason::kInvalidArgument);
+  EXPECT_EQ(GetReason(s->Alloc(kMaxSessionBlocks + 1).status()),
+            FailureReason::kInvalidArgument);
+}
+
+TEST_F(AttachServerTest, OnlyTheHolderFreesItsBlocks) {
+  StartServer();
+  auto a = Attached("engine-a");
+  auto b = Attached("engine-b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto mine = a->Alloc(3);
+  auto theirs = b->Alloc(2);
+  ASSERT_TRUE(mine.ok() && theirs.ok());
+  // b cannot free a's block, even mixed with its own; nothing is freed.
+  std::vector<int64_t> mixed = {(*theirs)[0], (*mine)[0]};
+  absl::Status refused = b->Free(mixed).status();
+  EXPECT_EQ(GetReason(refused), FailureReason::kBlockNotAllocated) << refused;
+  EXPECT_EQ(GetFailure(refused)->metadata.at("holder"), "engine-b");
+  EXPECT_EQ(Allocated(), 5);
+  std::vector<int64_t> twice = {(*mine)[1], (*mine)[1]};
+  EXPECT_EQ(GetReason(a->Free(twice).status()),
+            FailureReason::kInvalidArgument);
+  EXPECT_EQ(Allocated(), 5);
+  // Request ids are per holder: b's "x" does not replay a's "x".
+  auto ax = a->Alloc(1, "x");
+  auto bx = b->Alloc(1, "x");
+  ASSERT_TRUE(ax.ok() && bx.ok());
+  EXPECT_NE((*ax)[0], (*bx)[0]);
+  EXPECT_EQ(Allocated(), 7);
+  // A retried Free replays rather than failing on blocks already gone.
+  ASSERT_TRUE(a->Free(*mine, "free-1").ok());
+  auto retry = a->Free(*mine, "free-1");
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_TRUE(retry->replayed());
+  EXPECT_EQ(Allocated(), 4);
+}
+
+TEST_F(AttachServerTest, SessionEndFreesTheHoldersBlocks) {
+  StartServer();
+  auto a = Attached("engine-a");
+  ASSERT_TRUE(a->Alloc(9).ok());
+  EXPECT_EQ(Allocated(), 9);
+  a.reset();  // the connection drops; no grace was chosen
+  Eventually([&] { return Allocated() == 0; });
+  Eventually([&] { return server_->Holders().empty(); });
+  EXPECT_TRUE(server_->Sessions().empty());
+}
+
+TEST_F(AttachServerTest, ReattachWithinGraceKeepsTheBlocks) {
+  StartServer();
+  auto a = Attached("engine-a", absl::Hours(1));
+  auto blocks = a->Alloc(5);
+  ASSERT_TRUE(blocks.ok());
+  // A second live session of the same holder is refused.
+  EXPECT_EQ(ProtocolErrorOf(Connect("engine-a").status()), v1::HOLDER_BUSY);
+  a.reset();
+  Eventually([&] {
+    auto h = server_->Holders();
+    return h.size() == 1 && !h[0].live;
+  });
+  EXPECT_EQ(server_->Holders()[0].blocks, 5);
+  EXPECT_EQ(Allocated(), 5);
+
+  auto again = Connect("engine-a", absl::Hours(1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->hello().reattached());
+  AttachOptions o;
+  o.pool = "kv";
+  auto r = (*again)->Attach(o);
+  ASSERT_TRUE(r.ok());
+  std::vector<int64_t> held;
+  for (const auto& p : r->held()) {
+    held.insert(held.end(), p.block_ids().begin(), p.block_ids().end());
+  }
+  std::vector<int64_t> want = *blocks;
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(held, want);
+  // The reattached session owns them: it can free them.
+  ASSERT_TRUE((*again)->Free(held).ok());
+  EXPECT_EQ(Allocated(), 0);
+  // Ending with release frees at once whatever the grace.
+  ASSERT_TRUE((*again)->Alloc(2).ok());
+  ASSERT_TRUE((*again)->Close(/*release=*/true).ok());
+  Eventually([&] { return Allocated() == 0 && server_->Holders().empty(); });
+}
+
+TEST_F(AttachServerTest, GraceRunsOut) {
+  StartServer();
+  auto a = Attached("engine-a", absl::Milliseconds(20));
+  ASSERT_TRUE(a->Alloc(4).ok());
+  a.reset();
+  Eventually([&] { return Allocated() == 0 && server_->Holders().empty(); });
+}
+
+TEST_F(AttachServerTest, RedeemsAReservationAtAttach) {
+  StartServer();
+  auto reserved = (*broker_->GetPool("kv"))->Reserve({6, absl::Minutes(1), ""});
+  ASSERT_TRUE(reserved.ok());
+  auto s = Connect("engine-a");
+  ASSERT_TRUE(s.ok());
+  AttachOptions a;
+  a.pool = "kv";
+  a.reservation_id = reserved->reservation_id;
+  a.reservation_blocks = 6;
+  auto r = (*s)->Attach(a);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->redeemed().num_blocks(), 6);
+  auto cap = (*broker_->GetPool("kv"))->Capacity();
+  EXPECT_EQ(cap->reserved_blocks.value(), 0);
+  EXPECT_EQ(cap->allocated_blocks.value(), 6);
+  EXPECT_EQ(server_->Holders()[0].blocks, 6);
+}
+
+TEST_F(AttachServerTest, TokensAreCheckedAndScopedToPools) {
+  StartServer(/*with_tokens=*/true);
+  EXPECT_EQ(
+      GetReason(Connect("engine-a", {}, "wrong-token-0123456789").status()),
+      FailureReason::kUnauthenticated);
+  EXPECT_EQ(GetReason(Connect("engine-a").status()),
+            FailureReason::kUnauthenticated);
+  // A valid token for another pool: hello passes, attach is refused.
+  auto s = Connect("engine-a", {}, kOtherPoolToken);
+  ASSERT_TRUE(s.ok()) << s.status();
+  AttachOptions a;
+  a.pool = "kv";
+  absl::Status refused = (*s)->Attach(a).status();
+  EXPECT_EQ(GetReason(refused), FailureReason::kPermissionDenied) << refused;
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  auto good = Connect("engine-b", {}, kToken);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE((*good)->Attach(a).ok());
+}
+
+TEST_F(AttachServerTest, RefusesToTakeOverALiveSocketButReplacesAStaleOne) {
+  StartServer();
+  AttachServerOptions o;
+  o.socket_path = path_;
+  absl::StatusOr<std::unique_ptr<AttachServer>> second =
+      AttachServer::Start(broker_.get(), o);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find(absl::StrCat("process ", getpid())),
+            std::string::npos)
+      << second.status();
+  // The live server is unharmed.
+  EXPECT_TRUE(Connect("engine-a").ok());
+
+  // A socket file nobody listens on is replaced.
+  const std::string stale = path_ + ".stale";
+  {
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    strncpy(addr.sun_path, stale.c_str(), sizeof(addr.sun_path) - 1);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    close(fd);
+  }
+  o.socket_path = stale;
+  absl::StatusOr<std::unique_ptr<AttachServer>> fresh =
+      AttachServer::Start(broker_.get(), o);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  (*fresh)->Stop();
+}
+
+}  // namespace
+}  // namespace kvbroker::attach

@@ -1,0 +1,117 @@
+// The attach protocol's transport: one kvbroker.attach.v1.Frame per
+// AF_UNIX SOCK_SEQPACKET packet, with file descriptors as SCM_RIGHTS.
+//
+// Packet layout: the 4 bytes "KVA1", the body length as a 32-bit
+// little-endian integer, then exactly that many bytes of a serialized Frame.
+// SOCK_SEQPACKET keeps packet boundaries, so one bad packet never
+// desynchronises the stream: the receiver refuses it and reads the next one.
+//
+// Receiving is strict. Every one of these is refused with a typed error (a
+// status carrying a ProtocolError, see ProtocolErrorOf) after closing every
+// fd that came with the packet:
+//   FRAME_TOO_LARGE   body longer than kMaxFrameBytes (the packet is
+//                     detected with MSG_TRUNC, never partially parsed);
+//   FRAME_TRUNCATED   shorter than its header, or than the length it states;
+//   MALFORMED_FRAME   wrong magic, or a body that does not parse;
+//   UNKNOWN_MESSAGE   a Frame with no known body;
+//   UNEXPECTED_FDS    fds with any message but PagesMapped;
+//   TOO_MANY_FDS      more than kMaxFdsPerFrame fds (MSG_CTRUNC: the kernel
+//                     dropped the rest; those it delivered are closed).
+// Received fds are close-on-exec. Whether a PagesMapped carries the right
+// number of fds depends on the session and is the receiver's check.
+//
+// Thread safety: a FrameChannel may be used by one sender and one receiver
+// thread at the same time (sending and receiving share no state).
+
+#ifndef KVBROKER_ATTACH_FRAME_H_
+#define KVBROKER_ATTACH_FRAME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "attach/unique_fd.h"
+#include "proto/kvbroker/v1/attach.pb.h"
+
+namespace kvbroker::attach {
+
+// The protocol version of proto/kvbroker/v1/attach.proto.
+inline constexpr uint32_t kProtocolVersion = 1;
+// Most fds one frame may carry (one sendmsg carries at most 253 on Linux).
+inline constexpr int kMaxFdsPerFrame = 250;
+inline constexpr size_t kHeaderBytes = 8;
+// Largest frame body. An AF_UNIX packet must fit the socket's send buffer
+// (about 208 KiB by default), so bodies stay well below that.
+inline constexpr size_t kMaxFrameBytes = 128 * 1024;
+inline constexpr char kFrameMagic[4] = {'K', 'V', 'A', '1'};
+
+// A status carrying `error` (payload kProtocolErrorUrl) with the code the
+// protocol assigns to it (INVALID_ARGUMENT for frame errors, UNIMPLEMENTED
+// for UNKNOWN_MESSAGE, FAILED_PRECONDITION for session-order errors,
+// NOT_FOUND for UNKNOWN_REVOCATION).
+inline constexpr absl::string_view kProtocolErrorUrl =
+    "type.kvbroker.dev/kvbroker.attach.v1.ProtocolError";
+absl::Status ProtocolFailure(v1::ProtocolError error,
+                             absl::string_view message);
+// The ProtocolError carried by `status`; PROTOCOL_ERROR_UNSPECIFIED if none.
+v1::ProtocolError ProtocolErrorOf(const absl::Status& status);
+
+// Status <-> the wire's Error. A status with a kvbroker Failure payload
+// (allocator/failure.h) keeps its reason and metadata; one with a
+// ProtocolError keeps it; anything else keeps its code and message.
+v1::Error ToError(const absl::Status& status);
+absl::Status FromError(const v1::Error& error);
+
+// Whether a frame of this body may carry fds (only PagesMapped).
+bool CarriesFds(const v1::Frame& frame);
+
+struct ReceivedFrame {
+  v1::Frame frame;
+  std::vector<UniqueFd> fds;
+};
+
+class FrameChannel {
+ public:
+  // Takes ownership of a connected SOCK_SEQPACKET socket.
+  explicit FrameChannel(UniqueFd socket);
+
+  FrameChannel(const FrameChannel&) = delete;
+  FrameChannel& operator=(const FrameChannel&) = delete;
+
+  // A connected pair (socketpair), for tests and in-process use.
+  static absl::StatusOr<std::pair<FrameChannel, FrameChannel>> Pair();
+  // Connects to the daemon's attach socket at `path`. UNAVAILABLE with the
+  // errno text when nobody listens there.
+  static absl::StatusOr<FrameChannel> Connect(absl::string_view path);
+
+  FrameChannel(FrameChannel&&) = default;
+  FrameChannel& operator=(FrameChannel&&) = default;
+
+  int fd() const { return socket_.get(); }
+
+  // Sends `frame` with `fds` (not consumed: the caller still owns them).
+  // INVALID_ARGUMENT when the body exceeds kMaxFrameBytes or there are more
+  // than kMaxFdsPerFrame fds; UNAVAILABLE when the peer is gone. Blocks while
+  // the socket's buffer is full.
+  absl::Status Send(const v1::Frame& frame, absl::Span<const int> fds = {});
+
+  // Blocks for the next packet. CANCELLED "peer closed" at end of stream;
+  // UNAVAILABLE for socket errors; the typed errors of the file comment for
+  // bad packets (the channel stays usable after those).
+  absl::StatusOr<ReceivedFrame> Receive();
+
+ private:
+  UniqueFd socket_;
+  // Receive buffer, reused: header + kMaxFrameBytes + 1 byte to spot excess.
+  std::string buffer_;
+  std::string send_buffer_;
+};
+
+}  // namespace kvbroker::attach
+
+#endif  // KVBROKER_ATTACH_FRAME_H_

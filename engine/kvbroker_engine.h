@@ -1,0 +1,135 @@
+/* kvbroker_engine.h: the C ABI of libkvbroker_engine.so, the engine side of
+ * kvbrokerd's attach socket (SPEC section 10). An inference engine connects,
+ * attaches to a pool, gets the pool's pages mapped into its own address space
+ * (host memory or CUDA device memory), and allocates and frees KV blocks on
+ * its session. Python's kvbroker.engine is written over this ABI with ctypes.
+ *
+ * Layout: block b, layer l, buffer k of session device i starts at
+ *   base(i) + b * block_stride_bytes + l * layer_offset_bytes
+ *           + k * buffer_offset_bytes
+ * (kvb_block_address computes it), so a layer's K (k = 0) or V (k = 1) over
+ * every block is one strided view: stride block_stride_bytes, block_bytes
+ * contiguous bytes per block.
+ *
+ * Errors: every function that can fail returns a google.rpc.Code (0 = OK)
+ * and, when `err` is not NULL, fills it: the daemon's typed reason (the
+ * kvbroker.v1.Reason value and name, e.g. POOL_EXHAUSTED) or the protocol
+ * error (kvbroker.attach.v1.ProtocolError, e.g. UNEXPECTED_FDS) and a
+ * message. Strings in kvb_error are always NUL-terminated.
+ *
+ * Ownership: kvb_connect returns a session the caller owns; kvb_close ends
+ * it and frees it (afterwards the pointer is invalid). Mapped memory belongs
+ * to the session: addresses stay valid until the page is revoked (the revoke
+ * callback names it) or the session is closed. Strings and arrays passed in
+ * are only read during the call.
+ *
+ * Threading: a session may be used from any thread; its calls are
+ * serialised internally. Revocations are handled inside any call that reads
+ * the socket; between calls, poll kvb_event_fd for readability and call
+ * kvb_process_events (no polling in the hot loop is needed). The revoke
+ * callback runs on the thread of that call, after the pages were unmapped,
+ * and must not call into the same session.
+ *
+ * Stability: only the kvb_ symbols are exported; kvb_abi_version() changes
+ * when this ABI does. */
+
+#ifndef KVBROKER_ENGINE_KVBROKER_ENGINE_H_
+#define KVBROKER_ENGINE_KVBROKER_ENGINE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVB_ENGINE_ABI_VERSION 1
+
+typedef struct kvb_session kvb_session;
+
+typedef struct kvb_error {
+  int32_t code;           /* google.rpc.Code; 0 when OK */
+  int32_t reason;         /* kvbroker.v1.Reason value; 0 if none */
+  int32_t protocol_error; /* kvbroker.attach.v1.ProtocolError; 0 if none */
+  char reason_name[64];   /* the reason's or protocol error's name, or "" */
+  char message[512];
+} kvb_error;
+
+typedef struct kvb_layout {
+  int64_t virtual_bytes_per_device;
+  int64_t bundle_bytes;
+  int64_t block_stride_bytes;
+  int64_t layer_offset_bytes;
+  int64_t buffer_offset_bytes;
+  int64_t page_size;
+  int64_t block_bytes;
+  int64_t num_layers;
+  int64_t num_kv_buffers;
+  int64_t page_count;
+  int64_t max_blocks;
+  int64_t tokens_per_block;
+  int32_t device_count; /* session devices */
+  int32_t is_cuda;      /* 1: device memory (CUDA); 0: host memory */
+} kvb_layout;
+
+/* Called with the page ids of a revocation, after they were unmapped. */
+typedef void (*kvb_revoke_callback)(void* user, const int64_t* page_ids,
+                                    int64_t count);
+
+int32_t kvb_abi_version(void);
+
+/* Connects to `socket_path` and says hello as `holder` with `token` (may be
+ * "" or NULL without --auth_tokens). With a grace > 0 the daemon keeps the
+ * holder's blocks that long after the connection drops. */
+int32_t kvb_connect(const char* socket_path, const char* token,
+                    const char* holder, int64_t reattach_grace_ms,
+                    kvb_session** out, kvb_error* err);
+
+/* Attaches to `pool` and maps its pages on `devices` (pool device ordinals;
+ * NULL or 0 of them: all). A non-empty reservation_id redeems that many
+ * reserved blocks; *redeemed (if not NULL) receives how many blocks the
+ * holder now owns after the attach. */
+int32_t kvb_attach(kvb_session* s, const char* pool, const int32_t* devices,
+                   int32_t num_devices, const char* reservation_id,
+                   int64_t reservation_blocks, int64_t* held_blocks,
+                   kvb_error* err);
+
+int32_t kvb_get_layout(kvb_session* s, kvb_layout* out, kvb_error* err);
+/* Session device `index`: its pool ordinal, base address and UUID. */
+int32_t kvb_device(kvb_session* s, int32_t index, int32_t* ordinal,
+                   uint64_t* base, char* uuid, size_t uuid_size,
+                   kvb_error* err);
+int32_t kvb_block_address(kvb_session* s, int32_t device_index, int64_t block,
+                          int64_t layer, int64_t buffer, uint64_t* out,
+                          kvb_error* err);
+/* Pages mapped now on every session device. */
+int64_t kvb_mapped_pages(kvb_session* s);
+
+/* Allocates `num_blocks` blocks (all or nothing) into block_ids, which has
+ * room for `capacity` ids (INVALID_ARGUMENT, nothing allocated, when it has
+ * not). `request_id` (may be NULL) makes a retry return the first outcome. */
+int32_t kvb_alloc(kvb_session* s, int64_t num_blocks, const char* request_id,
+                  int64_t* block_ids, int64_t capacity, int64_t* allocated,
+                  kvb_error* err);
+/* Frees blocks this holder owns, all or nothing. */
+int32_t kvb_free(kvb_session* s, const int64_t* block_ids, int64_t count,
+                 const char* request_id, int64_t* freed, kvb_error* err);
+int32_t kvb_capacity(kvb_session* s, int64_t* available_blocks,
+                     int64_t* allocated_blocks, int64_t* reserved_blocks,
+                     kvb_error* err);
+
+/* Readable when the daemon sent something; then call kvb_process_events. */
+int32_t kvb_event_fd(kvb_session* s);
+int32_t kvb_process_events(kvb_session* s, kvb_error* err);
+void kvb_set_revoke_callback(kvb_session* s, kvb_revoke_callback callback,
+                             void* user);
+
+/* Ends the session (release != 0: the holder's blocks are freed now; else
+ * its grace applies), unmaps everything and frees `s`. */
+int32_t kvb_close(kvb_session* s, int32_t release, kvb_error* err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVBROKER_ENGINE_KVBROKER_ENGINE_H_ */

@@ -1,0 +1,393 @@
+// kvbroker::engine::Session: the request loop, page mapping and revocation.
+
+#include "engine/session.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/failure.h"
+
+namespace kvbroker::engine {
+
+namespace av1 = ::kvbroker::attach::v1;
+namespace kv1 = ::kvbroker::v1;
+using attach::FrameChannel;
+using attach::ProtocolFailure;
+using attach::ReceivedFrame;
+
+Session::Session(FrameChannel channel) : channel_(std::move(channel)) {}
+
+Session::~Session() { Close(/*release=*/false).IgnoreError(); }
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
+    const ConnectOptions& options) {
+  absl::StatusOr<FrameChannel> channel =
+      FrameChannel::Connect(options.socket_path);
+  if (!channel.ok()) return channel.status();
+  std::unique_ptr<Session> session(new Session(std::move(*channel)));
+  av1::Frame hello;
+  av1::Hello* h = hello.mutable_hello();
+  h->set_protocol_version(attach::kProtocolVersion);
+  h->set_token(options.token);
+  h->set_holder(options.holder);
+  h->set_pid(getpid());
+  const absl::Duration grace = options.reattach_grace;
+  h->mutable_reattach_grace()->set_seconds(absl::ToInt64Seconds(grace));
+  h->mutable_reattach_grace()->set_nanos(
+      static_cast<int32_t>(absl::ToInt64Nanoseconds(
+          grace - absl::Seconds(absl::ToInt64Seconds(grace)))));
+  absl::MutexLock lock(&session->mu_);
+  absl::StatusOr<av1::Frame> reply = session->Call(std::move(hello));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_hello_reply()) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
+                           "the daemon did not answer Hello with HelloReply");
+  }
+  if (reply->hello_reply().protocol_version() != attach::kProtocolVersion) {
+    return ProtocolFailure(
+        av1::UNSUPPORTED_VERSION,
+        absl::StrCat("the daemon chose protocol version ",
+                     reply->hello_reply().protocol_version(),
+                     "; this library speaks ", attach::kProtocolVersion));
+  }
+  session->hello_ = reply->hello_reply();
+  return session;
+}
+
+absl::StatusOr<av1::Frame> Session::Call(av1::Frame request) {
+  if (closed_) return absl::FailedPreconditionError("session is closed");
+  const uint64_t seq = next_seq_++;
+  request.set_seq(seq);
+  if (absl::Status s = channel_.Send(request); !s.ok()) return s;
+  while (true) {
+    absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    if (!got.ok()) {
+      // A bad frame from the daemon is a bug there; the peer going away ends
+      // the session.
+      if (absl::IsCancelled(got.status())) closed_ = true;
+      return got.status();
+    }
+    if (got->frame.seq() != seq) {
+      if (absl::Status s = HandleEvent(std::move(*got)); !s.ok()) return s;
+      continue;
+    }
+    if (got->frame.has_error()) return attach::FromError(got->frame.error());
+    if (!got->fds.empty()) {
+      return ProtocolFailure(av1::UNEXPECTED_FDS,
+                             "a reply came with fds; they were closed");
+    }
+    return std::move(got->frame);
+  }
+}
+
+absl::Status Session::HandleEvent(ReceivedFrame received) {
+  av1::Frame& f = received.frame;
+  switch (f.body_case()) {
+    case av1::Frame::kPagesMapped:
+      return MapPages(f.pages_mapped(), std::move(received.fds));
+    case av1::Frame::kRevoke: return Revoke(f.revoke());
+    case av1::Frame::kSessionEnd:
+      closed_ = true;
+      return absl::CancelledError(absl::StrCat("the daemon ended the session: ",
+                                               f.session_end().message()));
+    case av1::Frame::kError:
+      // An answer to a frame of ours the daemon could not read at all; the
+      // call that sent it gets its own reply.
+      return absl::OkStatus();
+    default:
+      return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
+                             absl::StrCat("unexpected message ", f.body_case(),
+                                          " with seq ", f.seq()));
+  }
+}
+
+absl::Status Session::CheckAttached() const {
+  if (!attached_) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE, "not attached to a pool");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::MapPages(const av1::PagesMapped& pages,
+                               std::vector<UniqueFd> fds) {
+  if (!attached_) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
+                           "PagesMapped before AttachReply");
+  }
+  const size_t devices = mappers_.size();
+  if (fds.size() != static_cast<size_t>(pages.page_ids_size()) * devices) {
+    return ProtocolFailure(
+        av1::UNEXPECTED_FDS,
+        absl::StrCat("PagesMapped of ", pages.page_ids_size(), " pages on ",
+                     devices, " devices came with ", fds.size(), " fds"));
+  }
+  const int64_t bundle = layout_.bundle_bytes();
+  for (int i = 0; i < pages.page_ids_size(); ++i) {
+    const int64_t p = pages.page_ids(i);
+    if (p < 0 || p >= layout_.page_count()) {
+      return absl::InternalError(absl::StrCat("daemon sent page ", p));
+    }
+    for (size_t j = 0; j < devices; ++j) {
+      // A page the daemon remapped without our seeing its revocation (it
+      // was unmapped while we were detached from events): replace it.
+      if (mapped_[p]) mappers_[j]->Unmap(p * bundle).IgnoreError();
+      if (absl::Status s = mappers_[j]->Map(p * bundle, bundle,
+                                            std::move(fds[i * devices + j]));
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (!mapped_[p]) ++mapped_count_;
+    mapped_[p] = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Revoke(const av1::Revoke& revoke) {
+  const int64_t bundle = layout_.bundle_bytes();
+  av1::Frame ack;
+  ack.mutable_revoke_ack()->set_revoke_id(revoke.revoke_id());
+  for (int64_t p : revoke.page_ids()) {
+    if (p < 0 || p >= static_cast<int64_t>(mapped_.size()) || !mapped_[p]) {
+      continue;
+    }
+    for (auto& m : mappers_) {
+      if (absl::Status s = m->Unmap(p * bundle); !s.ok()) return s;
+    }
+    mapped_[p] = false;
+    --mapped_count_;
+    ack.mutable_revoke_ack()->add_page_ids(p);
+  }
+  if (on_revoke_) {
+    on_revoke_(absl::MakeConstSpan(revoke.page_ids().data(),
+                                   revoke.page_ids().size()));
+  }
+  return channel_.Send(ack);
+}
+
+absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
+  absl::MutexLock lock(&mu_);
+  if (attached_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("already attached to pool ", layout_.pool()));
+  }
+  av1::Frame request;
+  av1::AttachRequest* a = request.mutable_attach();
+  a->set_pool(options.pool);
+  for (int d : options.devices) a->add_devices(d);
+  a->set_reservation_id(options.reservation_id);
+  a->set_reservation_blocks(options.reservation_blocks);
+  a->set_request_id(options.request_id);
+  absl::StatusOr<av1::Frame> reply = Call(std::move(request));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_attach_reply()) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
+                           "the daemon did not answer with AttachReply");
+  }
+  const av1::AttachReply& r = reply->attach_reply();
+  const av1::PoolLayout& layout = r.layout();
+  std::vector<std::unique_ptr<DeviceMapper>> mappers;
+  for (const av1::Device& d : layout.devices()) {
+    absl::StatusOr<std::unique_ptr<DeviceMapper>> m = CreateMapper(
+        layout.backend(), d.uuid(), layout.virtual_bytes_per_device());
+    if (!m.ok()) return m.status();
+    mappers.push_back(std::move(*m));
+  }
+  layout_ = layout;
+  mappers_ = std::move(mappers);
+  mapped_.assign(layout.page_count(), false);
+  attached_ = true;
+  // The pages mapped now follow, with this call's seq.
+  const uint64_t seq = next_seq_ - 1;
+  int64_t received = 0;
+  while (received < r.mapped_pages()) {
+    absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    if (!got.ok()) return got.status();
+    if (got->frame.seq() == seq && got->frame.has_pages_mapped()) {
+      received += got->frame.pages_mapped().page_ids_size();
+    }
+    if (absl::Status s = HandleEvent(std::move(*got)); !s.ok()) return s;
+  }
+  return r;
+}
+
+uint64_t Session::device_base(int device_index) const {
+  absl::MutexLock lock(&mu_);
+  if (device_index < 0 || device_index >= static_cast<int>(mappers_.size())) {
+    return 0;
+  }
+  return mappers_[device_index]->base();
+}
+
+absl::StatusOr<uint64_t> Session::BlockAddress(int device_index, int64_t block,
+                                               int64_t layer,
+                                               int64_t buffer) const {
+  const uint64_t base = device_base(device_index);
+  if (base == 0) {
+    return InvalidField(
+        "device_index",
+        absl::StrCat("no session device ", device_index,
+                     " (attached: ", layout_.devices_size(), " devices)"));
+  }
+  if (block < 0 || block >= layout_.max_blocks() || layer < 0 ||
+      layer >= layout_.num_layers() || buffer < 0 ||
+      buffer >= layout_.num_kv_buffers()) {
+    return InvalidField(
+        "block",
+        absl::StrCat("block ", block, " layer ", layer, " buffer ", buffer,
+                     " outside the pool (", layout_.max_blocks(), " blocks, ",
+                     layout_.num_layers(), " layers, ",
+                     layout_.num_kv_buffers(), " buffers)"));
+  }
+  return base + block * layout_.block_stride_bytes() +
+         layer * layout_.layer_offset_bytes() +
+         buffer * layout_.buffer_offset_bytes();
+}
+
+bool Session::page_mapped(int64_t page_id) const {
+  absl::MutexLock lock(&mu_);
+  return page_id >= 0 && page_id < static_cast<int64_t>(mapped_.size()) &&
+         mapped_[page_id];
+}
+
+int64_t Session::mapped_pages() const {
+  absl::MutexLock lock(&mu_);
+  return mapped_count_;
+}
+
+absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckAttached(); !s.ok()) return s;
+  av1::Frame f;
+  *f.mutable_alloc() = std::move(request);
+  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_alloc_reply()) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE, "expected an Alloc reply");
+  }
+  return std::move(*reply->mutable_alloc_reply());
+}
+
+absl::StatusOr<std::vector<int64_t>> Session::Alloc(
+    int64_t num_blocks, const std::string& request_id) {
+  kv1::AllocRequest request;
+  request.set_num_blocks(num_blocks);
+  request.set_request_id(request_id);
+  absl::StatusOr<kv1::AllocResponse> r = Alloc(std::move(request));
+  if (!r.ok()) return r.status();
+  std::vector<int64_t> ids;
+  ids.reserve(r->num_blocks());
+  for (const kv1::PageBlocks& p : r->pages()) {
+    ids.insert(ids.end(), p.block_ids().begin(), p.block_ids().end());
+  }
+  return ids;
+}
+
+absl::StatusOr<kv1::FreeResponse> Session::Free(kv1::FreeRequest request) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckAttached(); !s.ok()) return s;
+  av1::Frame f;
+  *f.mutable_free() = std::move(request);
+  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_free_reply()) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE, "expected a Free reply");
+  }
+  return std::move(*reply->mutable_free_reply());
+}
+
+absl::StatusOr<kv1::FreeResponse> Session::Free(
+    absl::Span<const int64_t> block_ids, const std::string& request_id) {
+  kv1::FreeRequest request;
+  request.mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
+  request.set_request_id(request_id);
+  return Free(std::move(request));
+}
+
+absl::StatusOr<kv1::ReserveResponse> Session::Reserve(
+    kv1::ReserveRequest request) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckAttached(); !s.ok()) return s;
+  av1::Frame f;
+  *f.mutable_reserve() = std::move(request);
+  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_reserve_reply()) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE, "expected a Reserve reply");
+  }
+  return std::move(*reply->mutable_reserve_reply());
+}
+
+absl::StatusOr<kv1::ReleaseReservationResponse> Session::ReleaseReservation(
+    kv1::ReleaseReservationRequest request) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckAttached(); !s.ok()) return s;
+  av1::Frame f;
+  *f.mutable_release_reservation() = std::move(request);
+  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_release_reservation_reply()) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
+                           "expected a ReleaseReservation reply");
+  }
+  return std::move(*reply->mutable_release_reservation_reply());
+}
+
+absl::StatusOr<kv1::CapacityResponse> Session::Capacity(
+    kv1::CapacityRequest request) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckAttached(); !s.ok()) return s;
+  av1::Frame f;
+  *f.mutable_capacity() = std::move(request);
+  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_capacity_reply()) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
+                           "expected a Capacity reply");
+  }
+  return std::move(*reply->mutable_capacity_reply());
+}
+
+absl::Status Session::ProcessEvents() {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::CancelledError("session is closed");
+  while (true) {
+    pollfd p = {channel_.fd(), POLLIN, 0};
+    if (poll(&p, 1, 0) != 1) return absl::OkStatus();
+    absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    if (!got.ok()) {
+      if (absl::IsCancelled(got.status())) closed_ = true;
+      return got.status();
+    }
+    if (absl::Status s = HandleEvent(std::move(*got)); !s.ok()) return s;
+  }
+}
+
+void Session::SetRevocationCallback(
+    std::function<void(absl::Span<const int64_t>)> cb) {
+  absl::MutexLock lock(&mu_);
+  on_revoke_ = std::move(cb);
+}
+
+absl::Status Session::Close(bool release) {
+  absl::MutexLock lock(&mu_);
+  if (closed_ && mappers_.empty()) return absl::OkStatus();
+  absl::Status status;
+  if (!closed_) {
+    av1::Frame end;
+    end.mutable_session_end()->set_release(release);
+    status = channel_.Send(end);
+    closed_ = true;
+  }
+  mappers_.clear();
+  mapped_.clear();
+  mapped_count_ = 0;
+  shutdown(channel_.fd(), SHUT_RDWR);
+  return status;
+}
+
+}  // namespace kvbroker::engine

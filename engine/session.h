@@ -1,0 +1,190 @@
+// kvbroker::engine::Session: an inference engine's connection to kvbrokerd's
+// attach socket (SPEC section 10).
+//
+//   auto s = Session::Connect({.socket_path = "/run/kvbroker/attach.sock",
+//                              .holder = "vllm-rank0", .token = ...});
+//   (*s)->Attach({.pool = "llama"});          // maps the pool's pages
+//   auto blocks = (*s)->Alloc(16);            // owned by "vllm-rank0"
+//   char* k = (char*)(*s)->BlockAddress(0, b, layer, 0);   // K of block b
+//   ...
+//   (*s)->Free(ids);
+//   (*s)->Close();
+//
+// Mapping: Attach creates one DeviceMapper (mapper.h) per device the engine
+// names and maps every page the daemon reports; afterwards the daemon sends
+// PagesMapped before it hands out any block on a new page, and the session
+// maps those pages while it reads the socket, which it does inside every
+// call and in ProcessEvents. Block b, layer l, buffer k of session device i
+// is at
+//   device_base(i) + b * block_stride_bytes + (l * K + k) * block_bytes.
+//
+// Revocations: when the daemon asks to unmap pages, the session unmaps them,
+// calls the revocation callback (if any) with their ids, and acknowledges.
+// Nothing needs polling in the engine's hot loop: revocations that arrive
+// during a call are handled by that call, and between calls the engine
+// watches event_fd() (readable when the daemon sent something) in its event
+// loop and then calls ProcessEvents().
+//
+// Errors: the daemon's typed failures come back as absl::Status with the
+// kvbroker Failure payload (allocator/failure.h: GetReason) or a
+// ProtocolError (attach/frame.h: ProtocolErrorOf), exactly as over gRPC.
+//
+// Thread safety: every method may be called from any thread; calls are
+// serialised by an internal lock. The revocation callback runs on the
+// calling thread with that lock held: it must not call into the Session.
+
+#ifndef KVBROKER_ENGINE_SESSION_H_
+#define KVBROKER_ENGINE_SESSION_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "attach/frame.h"
+#include "engine/mapper.h"
+#include "proto/kvbroker/v1/attach.pb.h"
+
+namespace kvbroker::engine {
+
+struct ConnectOptions {
+  // The daemon's --attach_socket.
+  std::string socket_path;
+  // A bearer token of the daemon's --auth_tokens; empty without tokens.
+  std::string token;
+  // Names the holder of the blocks this session allocates.
+  std::string holder;
+  // How long the daemon keeps the holder's blocks after the connection
+  // drops, for a reattach under the same holder.
+  absl::Duration reattach_grace = absl::ZeroDuration();
+};
+
+struct AttachOptions {
+  std::string pool;
+  // Pool device ordinals to map; empty: all of them.
+  std::vector<int> devices;
+  // Redeem a scheduler's reservation (AttachRequest).
+  std::string reservation_id;
+  int64_t reservation_blocks = 0;
+  std::string request_id;
+};
+
+class Session {
+ public:
+  // Connects and says hello. UNAVAILABLE when nobody listens; the daemon's
+  // typed refusal (UNAUTHENTICATED, UNSUPPORTED_VERSION, HOLDER_BUSY, ...)
+  // otherwise.
+  static absl::StatusOr<std::unique_ptr<Session>> Connect(
+      const ConnectOptions& options);
+
+  // Unmaps everything and closes the connection (the holder's grace
+  // applies, as when the process dies).
+  ~Session();
+
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Attaches to a pool and maps its pages. FAILED_PRECONDITION when already
+  // attached; the daemon's failures (POOL_NOT_FOUND, PERMISSION_DENIED,
+  // INVALID_ARGUMENT for a device not in the pool, the reservation's
+  // reasons); UNAVAILABLE when a page cannot be mapped here.
+  absl::StatusOr<attach::v1::AttachReply> Attach(const AttachOptions& options)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Set by Connect / Attach.
+  const attach::v1::HelloReply& hello() const { return hello_; }
+  // REQUIRES: attached. Constant once attached.
+  const attach::v1::PoolLayout& layout() const { return layout_; }
+  // Session devices, in the layout's order; REQUIRES: attached.
+  int device_count() const { return layout_.devices_size(); }
+  uint64_t device_base(int device_index) const;
+  // The address of block `block`, layer `layer`, buffer `buffer` on session
+  // device `device_index`: arithmetic only (the page may be unmapped).
+  // INVALID_ARGUMENT outside the pool's geometry or before Attach.
+  absl::StatusOr<uint64_t> BlockAddress(int device_index, int64_t block,
+                                        int64_t layer, int64_t buffer) const;
+  bool page_mapped(int64_t page_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t mapped_pages() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Pool operations on the attached pool, with kvbroker.v1's semantics. The
+  // request's `pool` may be left empty. Pages the call maps are mapped here
+  // before it returns.
+  absl::StatusOr<kvbroker::v1::AllocResponse> Alloc(
+      kvbroker::v1::AllocRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+  // All block ids of an Alloc, flattened in page order.
+  absl::StatusOr<std::vector<int64_t>> Alloc(int64_t num_blocks,
+                                             const std::string& request_id = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<kvbroker::v1::FreeResponse> Free(
+      kvbroker::v1::FreeRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<kvbroker::v1::FreeResponse> Free(
+      absl::Span<const int64_t> block_ids, const std::string& request_id = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<kvbroker::v1::ReserveResponse> Reserve(
+      kvbroker::v1::ReserveRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<kvbroker::v1::ReleaseReservationResponse> ReleaseReservation(
+      kvbroker::v1::ReleaseReservationRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<kvbroker::v1::CapacityResponse> Capacity(
+      kvbroker::v1::CapacityRequest request = {}) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Readable whenever the daemon has sent something (a revocation, new
+  // pages); watch it with poll/epoll and call ProcessEvents.
+  int event_fd() const { return channel_.fd(); }
+  // Handles every message waiting on the socket without blocking: maps new
+  // pages, carries out revocations. CANCELLED once the daemon ended the
+  // session.
+  absl::Status ProcessEvents() ABSL_LOCKS_EXCLUDED(mu_);
+  // Called with the page ids of each revocation after they were unmapped.
+  void SetRevocationCallback(std::function<void(absl::Span<const int64_t>)> cb)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ends the session: with `release`, the holder's blocks are freed now;
+  // otherwise its reattach grace applies. Unmaps every page. Idempotent.
+  absl::Status Close(bool release = true) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  explicit Session(attach::FrameChannel channel);
+
+  // Sends `request` with a fresh seq and reads until its reply, handling
+  // daemon-initiated messages on the way.
+  absl::StatusOr<attach::v1::Frame> Call(attach::v1::Frame request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Handles a message the daemon started (seq 0).
+  absl::Status HandleEvent(attach::ReceivedFrame received)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MapPages(const attach::v1::PagesMapped& pages,
+                        std::vector<UniqueFd> fds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Revoke(const attach::v1::Revoke& revoke)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckAttached() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  attach::FrameChannel channel_;
+  attach::v1::HelloReply hello_;
+  // Written once by Attach (under mu_), then read without it.
+  attach::v1::PoolLayout layout_;
+
+  mutable absl::Mutex mu_;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // One per session device, in layout_.devices order.
+  std::vector<std::unique_ptr<DeviceMapper>> mappers_ ABSL_GUARDED_BY(mu_);
+  // Page ids mapped on every session device.
+  std::vector<bool> mapped_ ABSL_GUARDED_BY(mu_);
+  int64_t mapped_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(absl::Span<const int64_t>)> on_revoke_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvbroker::engine
+
+#endif  // KVBROKER_ENGINE_SESSION_H_

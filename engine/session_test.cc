@@ -1,0 +1,277 @@
+// The engine Session's handling of what only the daemon sends (pages mapped
+// with their fds, revocations, the end of the session), against a peer that
+// plays the daemon's side of attach.proto frame by frame over a real socket.
+// The page bundles are real memfds: what the peer writes through its own
+// mapping the engine reads through its own, and the reverse.
+
+#include "engine/session.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attach/frame.h"
+#include "attach/testing/fd_count.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker::engine {
+namespace {
+
+namespace av1 = ::kvbroker::attach::v1;
+using attach::FrameChannel;
+using attach::ProtocolErrorOf;
+using attach::ReceivedFrame;
+
+constexpr int64_t kBundle = 4 << 20;  // P = 2 MiB, L = 1, K = 2
+constexpr int64_t kPages = 4;
+
+int OpenFds() { return kvbroker::testing::CountOpenFds().value_or(-1); }
+
+// A bundle's memory: the memfd and the peer's own mapping of it.
+struct Bundle {
+  UniqueFd fd;
+  char* data = nullptr;
+  explicit Bundle(char fill) : fd(memfd_create("bundle", MFD_CLOEXEC)) {
+    EXPECT_EQ(ftruncate(fd.get(), kBundle), 0);
+    data = static_cast<char*>(mmap(nullptr, kBundle, PROT_READ | PROT_WRITE,
+                                   MAP_SHARED, fd.get(), 0));
+    memset(data, fill, kBundle);
+  }
+  ~Bundle() { munmap(data, kBundle); }
+};
+
+// The daemon's side of one session, driven by the test.
+class Peer {
+ public:
+  Peer() {
+    char dir[] = "/tmp/kvb-session-XXXXXX";
+    EXPECT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    path_ = dir_ + "/attach.sock";
+    listener_.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(
+        bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+        0);
+    EXPECT_EQ(listen(listener_.get(), 1), 0);
+  }
+  ~Peer() {
+    channel_.reset();
+    listener_.Reset();
+    unlink(path_.c_str());
+    rmdir(dir_.c_str());
+  }
+
+  const std::string& path() const { return path_; }
+
+  void Accept() {
+    channel_.emplace(
+        UniqueFd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC)));
+  }
+  ReceivedFrame Next() {
+    absl::StatusOr<ReceivedFrame> got = channel_->Receive();
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? *std::move(got) : ReceivedFrame{};
+  }
+  void Send(const av1::Frame& f, std::vector<int> fds = {}) {
+    ASSERT_TRUE(channel_->Send(f, fds).ok());
+  }
+
+ private:
+  std::string dir_, path_;
+  UniqueFd listener_;
+  std::optional<FrameChannel> channel_;
+};
+
+av1::PoolLayout Layout() {
+  av1::PoolLayout l;
+  l.set_pool("kv");
+  l.set_backend("host");
+  l.set_page_size(2 << 20);
+  l.set_block_bytes(1 << 20);
+  l.set_num_layers(1);
+  l.set_num_kv_buffers(2);
+  l.set_bundle_bytes(kBundle);
+  l.set_block_stride_bytes(2 << 20);
+  l.set_layer_offset_bytes(2 << 20);
+  l.set_buffer_offset_bytes(1 << 20);
+  l.set_page_count(kPages);
+  l.set_max_blocks(8);
+  l.set_virtual_bytes_per_device(kPages * kBundle);
+  l.add_devices()->set_uuid("host-0");
+  return l;
+}
+
+class SessionTest : public ::testing::Test {
+ protected:
+  // Connects an engine Session while the peer answers Hello and Attach; the
+  // attach is followed by PagesMapped of `initial` pages.
+  void Open(const std::vector<int64_t>& initial) {
+    fds_before_ = OpenFds();
+    std::thread daemon([&] {
+      peer_.Accept();
+      ReceivedFrame hello = peer_.Next();
+      ASSERT_TRUE(hello.frame.has_hello());
+      EXPECT_EQ(hello.frame.hello().holder(), "rank0");
+      EXPECT_EQ(hello.frame.hello().pid(), getpid());
+      av1::Frame reply;
+      reply.set_seq(hello.frame.seq());
+      reply.mutable_hello_reply()->set_protocol_version(1);
+      reply.mutable_hello_reply()->set_session_id(77);
+      peer_.Send(reply);
+      ReceivedFrame attach = peer_.Next();
+      ASSERT_TRUE(attach.frame.has_attach());
+      av1::Frame ar;
+      ar.set_seq(attach.frame.seq());
+      *ar.mutable_attach_reply()->mutable_layout() = Layout();
+      ar.mutable_attach_reply()->set_mapped_pages(initial.size());
+      peer_.Send(ar);
+      // One page per frame, with this attach's seq.
+      for (int64_t p : initial) {
+        av1::Frame pm;
+        pm.set_seq(attach.frame.seq());
+        pm.mutable_pages_mapped()->add_page_ids(p);
+        peer_.Send(pm, {bundles_[p]->fd.get()});
+      }
+    });
+    ConnectOptions c;
+    c.socket_path = peer_.path();
+    c.holder = "rank0";
+    auto s = Session::Connect(c);
+    ASSERT_TRUE(s.ok()) << s.status();
+    session_ = *std::move(s);
+    AttachOptions a;
+    a.pool = "kv";
+    auto r = session_->Attach(a);
+    daemon.join();
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  void SetUp() override {
+    for (int p = 0; p < kPages; ++p) {
+      bundles_.push_back(std::make_unique<Bundle>('a' + p));
+    }
+  }
+
+  Peer peer_;
+  std::vector<std::unique_ptr<Bundle>> bundles_;
+  std::unique_ptr<Session> session_;
+  int fds_before_ = 0;
+};
+
+TEST_F(SessionTest, MapsThePagesOfTheAttachAndSharesTheirBytes) {
+  Open({0, 2});
+  EXPECT_EQ(session_->hello().session_id(), 77u);
+  EXPECT_EQ(session_->mapped_pages(), 2);
+  EXPECT_TRUE(session_->page_mapped(0));
+  EXPECT_FALSE(session_->page_mapped(1));
+  EXPECT_TRUE(session_->page_mapped(2));
+  // Block 4 is on page 2 (stride 2 MiB, bundle 4 MiB); its V (buffer 1)
+  // starts 1 MiB into the block.
+  auto v = session_->BlockAddress(0, 4, 0, 1);
+  ASSERT_TRUE(v.ok());
+  char* engine_v = reinterpret_cast<char*>(*v);
+  EXPECT_EQ(engine_v[0], 'c');
+  // What the daemon writes through its mapping the engine reads, and back.
+  bundles_[2]->data[1 << 20] = 'D';
+  EXPECT_EQ(engine_v[0], 'D');
+  engine_v[1] = 'E';
+  EXPECT_EQ(bundles_[2]->data[(1 << 20) + 1], 'E');
+  // The engine keeps no fd per page: only the two ends of the connection
+  // (the engine's socket and the peer's) are new.
+  EXPECT_EQ(OpenFds(), fds_before_ + 2);
+}
+
+TEST_F(SessionTest, PagesMappedDuringACallAreMappedBeforeItReturns) {
+  Open({});
+  std::thread daemon([&] {
+    ReceivedFrame alloc = peer_.Next();
+    ASSERT_TRUE(alloc.frame.has_alloc());
+    av1::Frame pm;  // a daemon-initiated notification, seq 0
+    pm.mutable_pages_mapped()->add_page_ids(3);
+    peer_.Send(pm, {bundles_[3]->fd.get()});
+    av1::Frame reply;
+    reply.set_seq(alloc.frame.seq());
+    auto* pages = reply.mutable_alloc_reply()->add_pages();
+    pages->set_page_id(3);
+    pages->add_block_ids(6);
+    reply.mutable_alloc_reply()->set_num_blocks(1);
+    peer_.Send(reply);
+  });
+  auto ids = session_->Alloc(1);
+  daemon.join();
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, std::vector<int64_t>{6});
+  EXPECT_TRUE(session_->page_mapped(3));
+  EXPECT_EQ(*reinterpret_cast<char*>(*session_->BlockAddress(0, 6, 0, 0)), 'd');
+}
+
+TEST_F(SessionTest, RevocationUnmapsCallsBackAndAcknowledges) {
+  Open({0, 1, 2});
+  std::vector<int64_t> revoked;
+  session_->SetRevocationCallback([&](absl::Span<const int64_t> pages) {
+    revoked.assign(pages.begin(), pages.end());
+  });
+  av1::Frame rv;
+  rv.mutable_revoke()->set_revoke_id(9);
+  rv.mutable_revoke()->add_page_ids(0);
+  rv.mutable_revoke()->add_page_ids(2);
+  peer_.Send(rv);
+  // The engine's event loop: the socket is readable, so it processes.
+  pollfd p = {session_->event_fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1);
+  ASSERT_TRUE(session_->ProcessEvents().ok());
+  EXPECT_EQ(revoked, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(session_->mapped_pages(), 1);
+  EXPECT_FALSE(session_->page_mapped(0));
+  EXPECT_TRUE(session_->page_mapped(1));
+  ReceivedFrame ack = peer_.Next();
+  ASSERT_TRUE(ack.frame.has_revoke_ack());
+  EXPECT_EQ(ack.frame.revoke_ack().revoke_id(), 9u);
+  EXPECT_EQ(ack.frame.revoke_ack().page_ids_size(), 2);
+  // Nothing pending: returns at once.
+  EXPECT_TRUE(session_->ProcessEvents().ok());
+}
+
+TEST_F(SessionTest, WrongFdCountIsRefusedAndClosed) {
+  Open({});
+  const int before = OpenFds();
+  av1::Frame pm;
+  pm.mutable_pages_mapped()->add_page_ids(1);
+  pm.mutable_pages_mapped()->add_page_ids(2);
+  peer_.Send(pm, {bundles_[1]->fd.get()});  // two pages, one fd
+  pollfd p = {session_->event_fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1);
+  EXPECT_EQ(ProtocolErrorOf(session_->ProcessEvents()), av1::UNEXPECTED_FDS);
+  EXPECT_EQ(session_->mapped_pages(), 0);
+  EXPECT_EQ(OpenFds(), before);
+}
+
+TEST_F(SessionTest, SessionEndFromTheDaemon) {
+  Open({1});
+  av1::Frame end;
+  end.mutable_session_end()->set_message("kvbrokerd is stopping");
+  peer_.Send(end);
+  pollfd p = {session_->event_fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1);
+  absl::Status s = session_->ProcessEvents();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_NE(s.message().find("kvbrokerd is stopping"), std::string::npos);
+  EXPECT_EQ(session_->Alloc(1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(session_->Close().ok());
+  EXPECT_EQ(session_->mapped_pages(), 0);
+}
+
+}  // namespace
+}  // namespace kvbroker::engine

@@ -1,0 +1,201 @@
+"""kvbroker.engine (Python, ctypes over libkvbroker_engine.so) against a real
+kvbrokerd process on the host backend, in a process that has imported numpy
+first."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+
+import numpy
+import pytest
+
+from kvbroker import engine
+
+# Programs this test starts carry their own sanitizer runtime, if any.
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+TOKEN = "engine-token-0123456789"
+OTHER_TOKEN = "other-pool-token-0123456789"
+POOLS = """
+pools { name: "kv" page_size: 2097152 block_bytes: 262144 num_layers: 2
+        num_kv_buffers: 2 max_blocks: 64 tokens_per_block: 16 }
+pools { name: "other" page_size: 2097152 block_bytes: 262144 max_blocks: 8 }
+"""
+TOKENS = """
+tokens { name: "engine" token: "%s" pools: "kv" }
+tokens { name: "other" token: "%s" pools: "other" }
+""" % (TOKEN, OTHER_TOKEN)
+
+
+@pytest.fixture
+def daemon():
+    # Socket paths must fit sun_path: a short directory under /tmp.
+    d = tempfile.mkdtemp(prefix="kvb-py-", dir="/tmp")
+    with open(os.path.join(d, "pools.textproto"), "w") as f:
+        f.write(POOLS)
+    with open(os.path.join(d, "tokens.textproto"), "w") as f:
+        f.write(TOKENS)
+    sock = os.path.join(d, "attach.sock")
+    proc = subprocess.Popen(
+        [os.environ["KVBROKERD"], "--backend=host", "--listen=127.0.0.1:0",
+         "--attach_socket=" + sock,
+         "--pools=" + os.path.join(d, "pools.textproto"),
+         "--auth_tokens=" + os.path.join(d, "tokens.textproto"),
+         "--min_idle_pages=0", "--host_device_memory=1GiB"],
+        stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+    try:
+        while True:
+            line = proc.stdout.readline()
+            assert line, "kvbrokerd exited before serving"
+            if line.startswith("kvbrokerd:"):
+                assert "engines attach on " + sock in line, line
+                break
+        yield sock
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(d)
+
+
+def test_library_exports_only_the_c_abi():
+    lib = engine.load_library()
+    assert lib.kvb_abi_version() == 1
+    with pytest.raises(AttributeError):
+        lib.KvBrokerInternalSymbolThatDoesNotExist
+    # C++ symbols of the implementation stay hidden.
+    with pytest.raises(AttributeError):
+        getattr(lib, "_ZN8kvbroker6engine7Session7ConnectERKNS0_14ConnectOptionsE")
+
+
+def test_attach_layout_and_views(daemon):
+    with engine.Session(daemon, holder="py-rank0", token=TOKEN) as s:
+        assert s.attach("kv") == 0
+        lay = s.layout
+        assert (lay.bundle_bytes, lay.block_stride_bytes,
+                lay.layer_offset_bytes, lay.buffer_offset_bytes) == (
+                    8 << 20, 1 << 20, 512 << 10, 256 << 10)
+        assert (lay.page_count, lay.max_blocks, lay.num_layers,
+                lay.num_kv_buffers) == (8, 64, 2, 2)
+        assert lay.virtual_bytes_per_device == 64 << 20
+        assert lay.is_cuda is False
+        ordinal, base, uuid = s.device(0)
+        assert (ordinal, uuid) == (0, "host-0")
+        assert base != 0
+        assert s.block_address(5, layer=1, buffer=1) == (
+            base + 5 * (1 << 20) + (512 << 10) + (256 << 10))
+
+        # V of layer 1 as float16 blocks of 16 tokens x 8 heads x 1024.
+        view = s.kv_view(layer=1, buffer=1, dtype="float16",
+                         block_shape=(16, 8, 1024))
+        assert not hasattr(view, "__cuda_array_interface__")
+        arr = numpy.asarray(view)
+        assert arr.dtype == numpy.float16
+        assert arr.shape == (64, 16, 8, 1024)
+        assert arr.strides == (1 << 20, 8 * 1024 * 2, 1024 * 2, 2)
+        assert arr.ctypes.data == s.block_address(0, layer=1, buffer=1)
+        assert arr[7].ctypes.data == s.block_address(7, layer=1, buffer=1)
+        with pytest.raises(ValueError):
+            s.kv_view(layer=0, dtype="float32", block_shape=(3,))
+        with pytest.raises(engine.EngineError) as e:
+            s.block_address(64)
+        assert e.value.reason_name == "INVALID_ARGUMENT"
+
+
+def test_alloc_free_capacity_are_exact_and_typed(daemon):
+    with engine.Session(daemon, holder="py-a", token=TOKEN) as a, \
+            engine.Session(daemon, holder="py-b", token=TOKEN) as b:
+        a.attach("kv")
+        b.attach("kv")
+        assert a.capacity()["available_blocks"] == 64
+        mine = a.alloc(60)
+        assert len(mine) == 60 and len(set(mine)) == 60
+        with pytest.raises(engine.EngineError) as e:
+            b.alloc(5)
+        assert e.value.reason_name == "POOL_EXHAUSTED"
+        assert e.value.code == 8  # RESOURCE_EXHAUSTED
+        theirs = b.alloc(4)
+        assert b.capacity() == {"available_blocks": 0,
+                                "allocated_blocks": 64,
+                                "reserved_blocks": 0}
+        with pytest.raises(engine.EngineError) as e:
+            b.free([theirs[0], mine[0]])
+        assert e.value.reason_name == "BLOCK_NOT_ALLOCATED"
+        assert a.capacity()["allocated_blocks"] == 64
+        assert a.free(mine) == 60
+        assert b.free(theirs) == 4
+        assert a.capacity()["available_blocks"] == 64
+        assert a.alloc(3, request_id="r1") == a.alloc(3, request_id="r1")
+        assert a.capacity()["allocated_blocks"] == 3
+
+
+def test_session_end_and_reattach(daemon):
+    s = engine.Session(daemon, holder="py-grace", token=TOKEN,
+                       reattach_grace=600)
+    s.attach("kv")
+    blocks = s.alloc(6)
+    s.close(release=False)
+    again = engine.Session(daemon, holder="py-grace", token=TOKEN,
+                           reattach_grace=600)
+    assert again.attach("kv") == 6
+    assert again.free(blocks) == 6
+    again.close()
+
+
+def test_tokens_are_scoped(daemon):
+    with pytest.raises(engine.EngineError) as e:
+        engine.Session(daemon, holder="x", token="not-a-token-0123456789")
+    assert e.value.reason_name == "UNAUTHENTICATED"
+    with engine.Session(daemon, holder="x", token=OTHER_TOKEN) as s:
+        with pytest.raises(engine.EngineError) as e:
+            s.attach("kv")
+        assert e.value.reason_name == "PERMISSION_DENIED"
+        assert e.value.code == 7
+        s.attach("other")
+        assert len(s.alloc(8)) == 8
+
+
+def test_event_fd_and_callbacks(daemon):
+    with engine.Session(daemon, holder="py-events", token=TOKEN) as s:
+        s.attach("kv")
+        assert s.fileno() > 2
+        seen = []
+        s.on_revoke(seen.append)
+        s.process_events()  # nothing pending: returns at once
+        assert seen == []
+        s.on_revoke(None)
+
+
+def test_unreachable_daemon_is_unavailable():
+    with pytest.raises(engine.EngineError) as e:
+        engine.Session("/tmp/kvb-no-such-socket.sock", holder="x")
+    assert e.value.code == 14  # UNAVAILABLE
+    assert "no such file" in e.value.message.lower()
+
+
+def _readme():
+    with open("README.md") as f:
+        return f.read()
+
+
+def test_readme_cpp_example_is_the_tested_one_and_runs(daemon):
+    source = open("engine/testing/readme_example.cc").read()
+    body = source.split("// README:begin\n")[1].split("  // README:end")[0]
+    shown = "\n".join(line[2:] if line.startswith("  ") else line
+                      for line in body.rstrip("\n").split("\n"))
+    assert "```cpp\n" + shown + "\n```" in _readme()
+    out = subprocess.run(["engine/readme_example", daemon, TOKEN],
+                         capture_output=True, text=True, check=True,
+                         env=CHILD_ENV).stdout
+    assert out.startswith("4 blocks; V of layer 1 of block "), out
+
+
+def test_readme_python_example_runs(daemon, capsys):
+    readme = _readme()
+    section = readme[readme.index("## Engines"):]
+    code = section.split("```python\n")[1].split("```")[0]
+    exec(compile(code, "README.md", "exec"),
+         {"socket_path": daemon, "token": TOKEN})
+    out = capsys.readouterr().out
+    assert out == "4 (64, 131072) (1048576, 2)\n", out

@@ -1,0 +1,123 @@
+// test_engine: a stand-in inference engine for the attach tests, run as its
+// own process. It connects to --socket, says hello as --holder, attaches to
+// --pool and prints
+//   attached session=<id> reattached=<0|1> held=<blocks> pages=<mapped>
+// then answers commands read from stdin, one per line:
+//   alloc N        -> "blocks ID..."         or "error REASON message"
+//   free ID...     -> "freed N"              or "error REASON message"
+//   capacity       -> "capacity AVAILABLE ALLOCATED"
+//   end [release]  -> ends the session and exits 0
+// Killing it (SIGKILL) is how tests model an engine that dies.
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "allocator/failure.h"
+#include "attach/frame.h"
+#include "engine/session.h"
+
+ABSL_FLAG(std::string, socket, "", "kvbrokerd's --attach_socket");
+ABSL_FLAG(std::string, holder, "test-engine", "holder name");
+ABSL_FLAG(std::string, token, "", "bearer token");
+ABSL_FLAG(std::string, pool, "", "pool to attach to");
+ABSL_FLAG(int64_t, grace_ms, 0, "reattach grace, milliseconds");
+
+namespace kvbroker::engine {
+namespace {
+
+void PrintError(const absl::Status& s) {
+  const FailureReason reason = GetReason(s);
+  std::string name =
+      reason != FailureReason::kUnspecified
+          ? std::string(ReasonName(reason))
+          : attach::v1::ProtocolError_Name(attach::ProtocolErrorOf(s));
+  std::printf("error %s %s\n", name.c_str(), std::string(s.message()).c_str());
+}
+
+int Run() {
+  ConnectOptions c;
+  c.socket_path = absl::GetFlag(FLAGS_socket);
+  c.holder = absl::GetFlag(FLAGS_holder);
+  c.token = absl::GetFlag(FLAGS_token);
+  c.reattach_grace = absl::Milliseconds(absl::GetFlag(FLAGS_grace_ms));
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Connect(c);
+  if (!session.ok()) {
+    PrintError(session.status());
+    return 1;
+  }
+  AttachOptions a;
+  a.pool = absl::GetFlag(FLAGS_pool);
+  absl::StatusOr<attach::v1::AttachReply> reply = (*session)->Attach(a);
+  if (!reply.ok()) {
+    PrintError(reply.status());
+    return 1;
+  }
+  int64_t held = 0;
+  for (const auto& p : reply->held()) held += p.block_ids_size();
+  std::printf("attached session=%lu reattached=%d held=%ld pages=%ld\n",
+              static_cast<unsigned long>((*session)->hello().session_id()),
+              (*session)->hello().reattached() ? 1 : 0, static_cast<long>(held),
+              static_cast<long>((*session)->mapped_pages()));
+  std::fflush(stdout);
+
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::vector<std::string> words =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (words.empty()) continue;
+    if (words[0] == "alloc" && words.size() == 2) {
+      int64_t n = 0;
+      if (!absl::SimpleAtoi(words[1], &n)) n = -1;
+      absl::StatusOr<std::vector<int64_t>> ids = (*session)->Alloc(n);
+      if (ids.ok()) {
+        std::printf("blocks %s\n", absl::StrJoin(*ids, " ").c_str());
+      } else {
+        PrintError(ids.status());
+      }
+    } else if (words[0] == "free") {
+      std::vector<int64_t> ids;
+      for (size_t i = 1; i < words.size(); ++i) {
+        int64_t b = -1;
+        if (absl::SimpleAtoi(words[i], &b)) ids.push_back(b);
+      }
+      auto r = (*session)->Free(ids);
+      if (r.ok()) {
+        std::printf("freed %ld\n", static_cast<long>(r->freed_blocks()));
+      } else {
+        PrintError(r.status());
+      }
+    } else if (words[0] == "capacity") {
+      auto r = (*session)->Capacity();
+      if (r.ok()) {
+        std::printf("capacity %ld %ld\n",
+                    static_cast<long>(r->capacity().available_blocks()),
+                    static_cast<long>(r->capacity().allocated_blocks()));
+      } else {
+        PrintError(r.status());
+      }
+    } else if (words[0] == "end") {
+      const bool release = words.size() > 1 && words[1] == "release";
+      absl::Status s = (*session)->Close(release);
+      return s.ok() ? 0 : 1;
+    } else {
+      std::printf("error INVALID_COMMAND %s\n", line.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvbroker::engine
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return kvbroker::engine::Run();
+}

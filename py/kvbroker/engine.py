@@ -1,0 +1,351 @@
+"""kvbroker.engine: an inference engine's side of kvbrokerd's attach socket.
+
+Pure Python over the C ABI of libkvbroker_engine.so (engine/kvbroker_engine.h)
+with ctypes, so it loads into any Python 3 without being compiled against it
+and needs neither grpcio nor numpy (numpy and torch are only consumers of the
+views it returns).
+
+    from kvbroker.engine import Session
+    with Session("/run/kvbroker/attach.sock", holder="rank0") as s:
+        s.attach("llama")
+        blocks = s.alloc(16)
+        k = numpy.asarray(s.kv_view(layer=3, buffer=0, dtype="float16",
+                                    block_shape=(16, 8, 128)))
+        k[blocks[0]] = 0          # writes the pool's memory, no copy
+
+kv_view(layer, buffer) is one strided view over every block of that layer's
+K (buffer 0) or V (buffer 1): shape (max_blocks,) + block_shape, the first
+stride block_stride_bytes, the block itself contiguous. It exposes
+__array_interface__ on the host backend (numpy.asarray) and
+__cuda_array_interface__ on CUDA (torch.as_tensor, cupy). Only blocks on
+mapped pages may be touched: the ones this holder allocated always are.
+
+The library is found through $KVBROKER_ENGINE_LIBRARY, then beside this
+file, then on the loader's search path. Errors raise EngineError with the
+daemon's typed reason (reason_name: "POOL_EXHAUSTED", "UNAUTHENTICATED",
+"UNEXPECTED_MESSAGE", ...).
+
+Threading: as the C ABI (calls are serialised per session; revocations are
+handled inside calls and in process_events(), which an event loop calls when
+fileno() is readable).
+"""
+
+import ctypes
+import os
+
+__all__ = ["EngineError", "Layout", "Session", "KvView", "load_library"]
+
+_ABI_VERSION = 1
+_LIBRARY_NAME = "libkvbroker_engine.so"
+
+# typestr of the element types a view can have (little-endian machines).
+_TYPESTRS = {
+    "uint8": "|u1", "int8": "|i1", "uint16": "<u2", "int16": "<i2",
+    "float16": "<f2", "bfloat16": "<V2", "uint32": "<u4", "int32": "<i4",
+    "float32": "<f4", "uint64": "<u8", "int64": "<i8", "float64": "<f8",
+}
+
+
+class _Error(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_int32),
+        ("reason", ctypes.c_int32),
+        ("protocol_error", ctypes.c_int32),
+        ("reason_name", ctypes.c_char * 64),
+        ("message", ctypes.c_char * 512),
+    ]
+
+
+class _Layout(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "virtual_bytes_per_device", "bundle_bytes", "block_stride_bytes",
+        "layer_offset_bytes", "buffer_offset_bytes", "page_size",
+        "block_bytes", "num_layers", "num_kv_buffers", "page_count",
+        "max_blocks", "tokens_per_block")] + [
+        ("device_count", ctypes.c_int32),
+        ("is_cuda", ctypes.c_int32),
+    ]
+
+
+_REVOKE_CALLBACK = ctypes.CFUNCTYPE(
+    None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64)
+
+
+class EngineError(Exception):
+    """A failed call: `code` (google.rpc.Code), `reason_name` (the daemon's
+    typed reason or the protocol error), `message`."""
+
+    def __init__(self, code, reason, protocol_error, reason_name, message):
+        super().__init__("%s (code %d): %s" % (reason_name or "ERROR", code,
+                                               message))
+        self.code = code
+        self.reason = reason
+        self.protocol_error = protocol_error
+        self.reason_name = reason_name
+        self.message = message
+
+
+class Layout:
+    """Where everything is in a device's range (PoolLayout)."""
+
+    def __init__(self, raw):
+        for name, _ in _Layout._fields_:
+            setattr(self, name, getattr(raw, name))
+        self.is_cuda = bool(raw.is_cuda)
+
+    def __repr__(self):
+        return "Layout(%s)" % ", ".join(
+            "%s=%r" % (n, getattr(self, n)) for n, _ in _Layout._fields_)
+
+
+_lib = None
+
+
+def load_library(path=None):
+    """Loads (once) and returns the C library."""
+    global _lib
+    if _lib is not None and path is None:
+        return _lib
+    candidates = [path] if path else []
+    if os.environ.get("KVBROKER_ENGINE_LIBRARY"):
+        candidates.append(os.environ["KVBROKER_ENGINE_LIBRARY"])
+    candidates.append(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   _LIBRARY_NAME))
+    candidates.append(_LIBRARY_NAME)
+    errors = []
+    for candidate in candidates:
+        if os.sep in candidate and not os.path.exists(candidate):
+            errors.append("%s: no such file" % candidate)
+            continue
+        try:
+            lib = ctypes.CDLL(candidate)
+            break
+        except OSError as e:
+            errors.append(str(e))
+    else:
+        raise OSError("cannot load %s: %s" % (_LIBRARY_NAME,
+                                              "; ".join(errors)))
+    _declare(lib)
+    if lib.kvb_abi_version() != _ABI_VERSION:
+        raise OSError("%s has ABI version %d, this module needs %d" %
+                      (candidate, lib.kvb_abi_version(), _ABI_VERSION))
+    if path is None:
+        _lib = lib
+    return lib
+
+
+def _declare(lib):
+    p = ctypes.c_void_p
+    i32, i64, u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
+    err = ctypes.POINTER(_Error)
+    pi64 = ctypes.POINTER(i64)
+    sigs = {
+        "kvb_abi_version": (i32, []),
+        "kvb_connect": (i32, [ctypes.c_char_p, ctypes.c_char_p,
+                              ctypes.c_char_p, i64, ctypes.POINTER(p), err]),
+        "kvb_attach": (i32, [p, ctypes.c_char_p, ctypes.POINTER(i32), i32,
+                             ctypes.c_char_p, i64, pi64, err]),
+        "kvb_get_layout": (i32, [p, ctypes.POINTER(_Layout), err]),
+        "kvb_device": (i32, [p, i32, ctypes.POINTER(i32),
+                             ctypes.POINTER(u64), ctypes.c_char_p,
+                             ctypes.c_size_t, err]),
+        "kvb_block_address": (i32, [p, i32, i64, i64, i64,
+                                    ctypes.POINTER(u64), err]),
+        "kvb_mapped_pages": (i64, [p]),
+        "kvb_alloc": (i32, [p, i64, ctypes.c_char_p, pi64, i64, pi64, err]),
+        "kvb_free": (i32, [p, pi64, i64, ctypes.c_char_p, pi64, err]),
+        "kvb_capacity": (i32, [p, pi64, pi64, pi64, err]),
+        "kvb_event_fd": (i32, [p]),
+        "kvb_process_events": (i32, [p, err]),
+        "kvb_set_revoke_callback": (None, [p, _REVOKE_CALLBACK, p]),
+        "kvb_close": (i32, [p, i32, err]),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def _check(code, err):
+    if code != 0:
+        raise EngineError(err.code, err.reason, err.protocol_error,
+                          err.reason_name.decode(errors="replace"),
+                          err.message.decode(errors="replace"))
+
+
+def _bytes(s):
+    return None if s is None else s.encode()
+
+
+class KvView:
+    """One layer's K or V over every block, for numpy.asarray (host) or
+    torch.as_tensor (CUDA) without a copy."""
+
+    def __init__(self, address, layout, dtype, block_shape, cuda):
+        typestr = getattr(dtype, "str", None) or _TYPESTRS.get(str(dtype))
+        if typestr is None:
+            raise ValueError("unknown dtype %r" % (dtype,))
+        itemsize = int(typestr[2:])
+        if block_shape is None:
+            block_shape = (layout.block_bytes // itemsize,)
+        block_shape = tuple(int(d) for d in block_shape)
+        elements = 1
+        for d in block_shape:
+            elements *= d
+        if elements * itemsize != layout.block_bytes:
+            raise ValueError(
+                "block_shape %r of %s holds %d bytes; a block has %d" %
+                (block_shape, typestr, elements * itemsize,
+                 layout.block_bytes))
+        inner = []
+        stride = itemsize
+        for d in reversed(block_shape):
+            inner.insert(0, stride)
+            stride *= d
+        self.address = address
+        self.shape = (layout.max_blocks,) + block_shape
+        self.strides = (layout.block_stride_bytes,) + tuple(inner)
+        self.typestr = typestr
+        interface = {
+            "shape": self.shape,
+            "typestr": typestr,
+            "data": (address, False),
+            "strides": self.strides,
+            "version": 3,
+        }
+        if cuda:
+            self.__cuda_array_interface__ = interface
+        else:
+            self.__array_interface__ = interface
+
+
+class Session:
+    """A session on kvbrokerd's attach socket (see the module comment)."""
+
+    def __init__(self, socket_path, holder, token="", reattach_grace=0.0,
+                 library=None):
+        self._lib = load_library(library)
+        self._handle = ctypes.c_void_p()
+        self._callback = None
+        self.layout = None
+        err = _Error()
+        _check(self._lib.kvb_connect(
+            _bytes(socket_path), _bytes(token), _bytes(holder),
+            int(reattach_grace * 1000), ctypes.byref(self._handle),
+            ctypes.byref(err)), err)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close(release=False)
+
+    def attach(self, pool, devices=None, reservation_id="",
+               reservation_blocks=0):
+        """Attaches and maps the pool's pages; returns how many blocks the
+        holder owns afterwards (a reattach or a redeemed reservation)."""
+        devs = list(devices or [])
+        arr = (ctypes.c_int32 * len(devs))(*devs) if devs else None
+        held = ctypes.c_int64()
+        err = _Error()
+        _check(self._lib.kvb_attach(
+            self._handle, _bytes(pool), arr, len(devs),
+            _bytes(reservation_id), reservation_blocks, ctypes.byref(held),
+            ctypes.byref(err)), err)
+        raw = _Layout()
+        _check(self._lib.kvb_get_layout(self._handle, ctypes.byref(raw),
+                                        ctypes.byref(err)), err)
+        self.layout = Layout(raw)
+        return held.value
+
+    def device(self, index=0):
+        """(ordinal, base address, uuid) of session device `index`."""
+        ordinal = ctypes.c_int32()
+        base = ctypes.c_uint64()
+        uuid = ctypes.create_string_buffer(128)
+        err = _Error()
+        _check(self._lib.kvb_device(self._handle, index, ctypes.byref(ordinal),
+                                    ctypes.byref(base), uuid, len(uuid),
+                                    ctypes.byref(err)), err)
+        return ordinal.value, base.value, uuid.value.decode()
+
+    def block_address(self, block, layer=0, buffer=0, device=0):
+        out = ctypes.c_uint64()
+        err = _Error()
+        _check(self._lib.kvb_block_address(self._handle, device, block, layer,
+                                           buffer, ctypes.byref(out),
+                                           ctypes.byref(err)), err)
+        return out.value
+
+    def kv_view(self, layer, buffer=0, device=0, dtype="uint8",
+                block_shape=None):
+        """The strided view of `layer`'s buffer (0: K, 1: V) over every
+        block; see KvView."""
+        return KvView(self.block_address(0, layer, buffer, device),
+                      self.layout, dtype, block_shape, self.layout.is_cuda)
+
+    @property
+    def mapped_pages(self):
+        return self._lib.kvb_mapped_pages(self._handle)
+
+    def alloc(self, num_blocks, request_id=""):
+        ids = (ctypes.c_int64 * max(num_blocks, 1))()
+        n = ctypes.c_int64()
+        err = _Error()
+        _check(self._lib.kvb_alloc(self._handle, num_blocks,
+                                   _bytes(request_id), ids, max(num_blocks, 0),
+                                   ctypes.byref(n), ctypes.byref(err)), err)
+        return list(ids[:n.value])
+
+    def free(self, block_ids, request_id=""):
+        ids = list(block_ids)
+        arr = (ctypes.c_int64 * max(len(ids), 1))(*ids)
+        freed = ctypes.c_int64()
+        err = _Error()
+        _check(self._lib.kvb_free(self._handle, arr, len(ids),
+                                  _bytes(request_id), ctypes.byref(freed),
+                                  ctypes.byref(err)), err)
+        return freed.value
+
+    def capacity(self):
+        """{"available_blocks", "allocated_blocks", "reserved_blocks"}."""
+        vals = [ctypes.c_int64() for _ in range(3)]
+        err = _Error()
+        _check(self._lib.kvb_capacity(self._handle, *[ctypes.byref(v)
+                                                      for v in vals],
+                                      ctypes.byref(err)), err)
+        return dict(zip(("available_blocks", "allocated_blocks",
+                         "reserved_blocks"), (v.value for v in vals)))
+
+    def fileno(self):
+        """Readable when the daemon sent something: call process_events."""
+        return self._lib.kvb_event_fd(self._handle)
+
+    def process_events(self):
+        err = _Error()
+        _check(self._lib.kvb_process_events(self._handle, ctypes.byref(err)),
+               err)
+
+    def on_revoke(self, callback):
+        """callback(list_of_page_ids), after those pages were unmapped."""
+        if callback is None:
+            self._callback = None
+            self._lib.kvb_set_revoke_callback(self._handle,
+                                              _REVOKE_CALLBACK(), None)
+            return
+        self._callback = _REVOKE_CALLBACK(
+            lambda _user, pages, n: callback([pages[i] for i in range(n)]))
+        self._lib.kvb_set_revoke_callback(self._handle, self._callback, None)
+
+    def close(self, release=True):
+        """Ends the session; with release the holder's blocks go now."""
+        if not self._handle:
+            return
+        handle, self._handle = self._handle, ctypes.c_void_p()
+        err = _Error()
+        _check(self._lib.kvb_close(handle, 1 if release else 0,
+                                   ctypes.byref(err)), err)
