@@ -217,12 +217,11 @@ LimitInfo PagePool::LimitInfoLocked() const {
 absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
     const CapacityQuery& query) {
   std::string log;
-  absl::StatusOr<CapacitySnapshot> result;
+  CapacitySnapshot c;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return CheckUsableLocked();
     ExpireLocked(&log);
-    CapacitySnapshot c;
     c.pool = name();
     c.generation = generation_;
     c.healthy = !failed_;
@@ -288,10 +287,9 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
         }
       }
     }
-    result = std::move(c);
   }
   if (!log.empty()) std::fputs(log.c_str(), stderr);
-  return result;
+  return c;
 }
 
 // ---------------------------------------------------------------------------
