@@ -1,6 +1,6 @@
 // IdempotencyWindow: the outcomes of recent request ids of one pool, so that
 // a retried Alloc, Free or Reserve is answered from memory instead of being
-// applied twice (SPEC 5, request_id). An entry is kept for `window` after it
+// applied twice (the request_id of Alloc, Free and Reserve). An entry is kept for `window` after it
 // was stored, and at most `capacity` entries are kept (oldest forgotten
 // first). A request id whose call is still running (its pages in flight) is
 // *pending*: the pool makes a retry wait for it rather than run it again.

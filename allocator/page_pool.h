@@ -1,5 +1,5 @@
 // PagePool: one KV pool. Exact capacity, all-or-nothing allocation, and the
-// page lifecycle of SPEC sections 2-4 and 7; docs/design.md explains the
+// page lifecycle; docs/design.md explains the
 // design as a whole.
 //
 // The pool orchestrates four parts under its one lock (docs/design.md, "The
@@ -23,7 +23,7 @@
 //      admits (mapped + FREE) at most `target` pages.
 // Within a page, blocks go out in ascending id order.
 //
-// Capacity (SPEC 4):
+// Capacity (docs/design.md, "Capacity"):
 //   available = open_free + idle_usable
 //             + FreeList.PrefixSum(min(affordable bundles, |FREE|))
 // from counters and one prefix-sum lookup: O(devices), no driver call.
@@ -101,7 +101,7 @@ class PagePool {
     return mapper_.range_base(device_index);
   }
 
-  // SPEC 4. Read-only; never calls the driver.
+  // docs/design.md, "Capacity". Read-only; never calls the driver.
   // Errors: POOL_NOT_FOUND after Shutdown.
   absl::StatusOr<CapacitySnapshot> Capacity(const CapacityQuery& query = {})
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -135,7 +135,8 @@ class PagePool {
   absl::StatusOr<ReleaseResult> ReleaseReservation(
       const std::string& reservation_id) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // SPEC 7. STALE and CONFLICT are outcomes, not errors.
+  // docs/design.md, "Memory limits". STALE and CONFLICT are outcomes, not
+  // errors.
   // Errors: INVALID_ARGUMENT for a negative limit or revision; POOL_FAILED
   //   when an unmap fails.
   absl::StatusOr<LimitResult> SetMemoryLimit(Bytes limit_bytes,
@@ -337,7 +338,7 @@ class PagePool {
   bool prealloc_running_ ABSL_GUARDED_BY(mu_) = false;
   // Blocks held as reserved by a Reserve in flight (no reservation yet).
   int64_t reserving_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Memory limit (SPEC 7); target_pages_ == T when no limit was set.
+  // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no limit was set.
   LimitState limit_state_ ABSL_GUARDED_BY(mu_) = LimitState::kNone;
   int64_t target_pages_ ABSL_GUARDED_BY(mu_) = 0;
   Bytes limit_bytes_ ABSL_GUARDED_BY(mu_);

@@ -19,7 +19,7 @@
 
 namespace kvbroker {
 
-// State of the memory limit (SPEC 7).
+// State of the memory limit (docs/design.md, "Memory limits").
 enum class LimitState { kNone, kApplied, kDeferred };
 // Outcome of one SetMemoryLimit call.
 enum class LimitOutcome { kApplied, kDeferred, kStale, kConflict };

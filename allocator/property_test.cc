@@ -1,8 +1,8 @@
-// Property test of scenario C14 (shared/spec/scenarios.md): over many random
+// Property test of scenario C14 (the product's acceptance scenarios): over many random
 // geometries and random sequences of Alloc / Free / Reserve / Alloc from a
 // reservation / ReleaseReservation / SetMemoryLimit / Trim / PreallocStep,
 // PagePool agrees step by step with a brute-force reference model
-// (allocator/testing/reference_model.h, written from the SPEC), and after
+// (allocator/testing/reference_model.h, written from docs/design.md), and after
 // every step:
 //   - Capacity() matches the model (available, reserved and allocated blocks,
 //     pages by state, the IDLE and FREE list orders, OPEN pages' free counts,

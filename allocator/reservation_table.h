@@ -1,4 +1,4 @@
-// ReservationTable: the reservations of one pool (SPEC 5, Reserve): which
+// ReservationTable: the reservations of one pool (Reserve): which
 // blocks each holds, when each expires, and which ids expired recently (so
 // that a late Alloc or Release hears RESERVATION_EXPIRED, not NOT_FOUND).
 // It owns ids and times only; the blocks themselves are the ledger's, and the

@@ -1,5 +1,5 @@
 // ReferenceModel: a brute-force executable model of one KV pool, written from
-// SPEC sections 2-4 and 7 and the documented choices of page_pool.h, for
+// docs/design.md and the documented choices of page_pool.h, for
 // property tests. It shares no code with page_pool.cc.
 //
 // The model keeps explicit per-page and per-block state in plain vectors and
@@ -9,9 +9,9 @@
 // place where the documents are ambiguous.
 //
 // What it models:
-//   - geometry (SPEC 2): range(p) = [ceil(p*P/B), min(floor((p+1)*P/B), N));
+//   - geometry ("Geometry"): range(p) = [ceil(p*P/B), min(floor((p+1)*P/B), N));
 //   - page states FREE / IDLE / OPEN / FULL / RECLAIMED / EMPTY;
-//   - the consumption order (SPEC 3, page_pool.h): OPEN best fit (the page
+//   - the consumption order ("Consumption order", page_pool.h): OPEN best fit (the page
 //     with the fewest free blocks that still covers the remaining need, else
 //     the one with the most free blocks; ties: lowest page id), then IDLE
 //     front first, then FREE front first while every device can afford one
@@ -20,7 +20,7 @@
 //     list) while fewer than max_idle_pages pages are IDLE, else it is
 //     unmapped to the back of the FREE list;
 //   - reservations (Reserve, Alloc from a reservation, ReleaseReservation);
-//   - SetMemoryLimit (SPEC 7, page_pool.h): admitted = mapped + |FREE| <=
+//   - SetMemoryLimit ("Memory limits", page_pool.h): admitted = mapped + |FREE| <=
 //     target; lowering moves FREE pages from the back to RECLAIMED, then
 //     unmaps IDLE pages from the back to RECLAIMED; DEFERRED while still over
 //     the target; a page emptied while over the target is unmapped to
@@ -145,7 +145,7 @@ class ReferenceModel {
   // reserve_null_block, budget_bundles >= 1.
   explicit ReferenceModel(const ModelConfig& config, ModelPolicy policy = {});
 
-  // ---- geometry (SPEC 2) ----
+  // ---- geometry ----
   int64_t page_count() const { return T_; }
   int64_t range_begin(int64_t p) const;
   int64_t range_end(int64_t p) const;
