@@ -116,12 +116,17 @@ void PageLedger::Attach(PageId p) {
 
 void PageLedger::SetFreeBits(PageId p, bool on) {
   Page& page = pages_[p];
-  for (BlockId b = page.begin; b < page.end; ++b) {
-    const uint64_t bit = uint64_t{1} << (b & 63);
+  // A word at a time, masked to the page's range.
+  for (int64_t word = page.begin >> 6; (word << 6) < page.end; ++word) {
+    uint64_t mask = ~uint64_t{0};
+    if ((word << 6) < page.begin) mask &= ~uint64_t{0} << (page.begin & 63);
+    if (((word + 1) << 6) > page.end) {
+      mask &= ~uint64_t{0} >> (64 - (page.end & 63));
+    }
     if (on) {
-      free_bits_[b >> 6] |= bit;
+      free_bits_[word] |= mask;
     } else {
-      free_bits_[b >> 6] &= ~bit;
+      free_bits_[word] &= ~mask;
     }
   }
   page.free = on ? page.usable : 0;
