@@ -13,7 +13,7 @@
 //   ReserveRange  cuMemAddressReserve (aligned to the granularity)
 //   FreeRange     cuMemAddressFree
 //   Create        cuMemCreate: pinned device memory located on `device`,
-//                 requesting POSIX file descriptor export (SPEC section 10)
+//                 requesting POSIX file descriptor export (engines attaching on the same node)
 //                 when the device accepts it (see exportable())
 //   Map           cuMemMap, offset 0, the whole handle
 //   SetAccess     cuMemSetAccess, read-write for `device`, exactly the range
@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
   // cuDeviceTotalMem.
   Bytes device_total_memory(int device) const;
   // True when Create() requests CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so
-  // handles can later be exported to engines (SPEC section 10); false when
+  // handles can later be exported to engines (engines attaching on the same node); false when
   // the device refused it and handles are created with no export type.
   bool exportable(int device) const;
 

@@ -1,4 +1,4 @@
-// Tests of the per-device physical budget (SPEC section 4, scenarios P1-P3):
+// Tests of the per-device physical budget (docs/design.md, "Capacity"; scenarios P1-P3):
 // headroom, saturation, the minimum over devices, exact own-use charging and
 // the refresh of other processes' use.
 

@@ -79,7 +79,7 @@ class FaultInjectingBackend final : public Backend {
   int64_t injected(BackendOp op) const {
     return injected_[static_cast<int>(op)].load(std::memory_order_relaxed);
   }
-  // Create + Map + SetAccess calls: the "mapping" work of SPEC's "refused
+  // Create + Map + SetAccess calls: the "mapping" work of the contract's "refused
   // before mapping".
   int64_t map_calls() const {
     return calls(BackendOp::kCreate) + calls(BackendOp::kMap) +

@@ -1,4 +1,4 @@
-// Tests of the FREE list's prefix sums (SPEC section 4: Capacity sums the
+// Tests of the FREE list's prefix sums (docs/design.md, "Capacity": Capacity sums the
 // usable blocks of the first A FREE pages without walking the list).
 
 #include "allocator/free_list.h"

@@ -1,4 +1,4 @@
-// Pool geometry (SPEC section 2): which blocks live on which page, exactly.
+// Pool geometry (docs/design.md, "Geometry"): which blocks live on which page, exactly.
 //
 // Glossary:
 //   P  page size in bytes (per layer and KV buffer); a multiple of the

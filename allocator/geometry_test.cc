@@ -1,5 +1,5 @@
 // Tests of the exact page/block arithmetic and of pool-config validation
-// (SPEC section 2).
+// (docs/design.md, "Geometry").
 
 #include "allocator/geometry.h"
 

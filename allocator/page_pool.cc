@@ -1,44 +1,17 @@
-// PagePool: exact capacity, all-or-nothing acquisition, page lifecycle.
-// The contract and the invariants are in page_pool.h.
+// PagePool: planning, the mapping transaction, limits, health and the
+// entry points. The contract and the invariants are in page_pool.h; the
+// design in docs/design.md.
 
 #include "allocator/page_pool.h"
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 
-#include "absl/cleanup/cleanup.h"
-#include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace kvbroker {
-namespace {
-
-constexpr int kStates = 7;
-
-int StateIndex(PageState s) { return static_cast<int>(s); }
-
-bool IsMapped(PageState s) {
-  return s == PageState::kIdle || s == PageState::kOpen ||
-         s == PageState::kFull || s == PageState::kMapping;
-}
-
-}  // namespace
-
-const char* PageStateName(PageState s) {
-  switch (s) {
-    case PageState::kFree: return "FREE";
-    case PageState::kMapping: return "MAPPING";
-    case PageState::kIdle: return "IDLE";
-    case PageState::kOpen: return "OPEN";
-    case PageState::kFull: return "FULL";
-    case PageState::kReclaimed: return "RECLAIMED";
-    case PageState::kEmpty: return "EMPTY";
-  }
-  return "?";
-}
 
 const char* LimitOutcomeName(LimitOutcome o) {
   switch (o) {
@@ -56,10 +29,13 @@ const char* LimitOutcomeName(LimitOutcome o) {
 PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
                    Clock* clock, PoolOptions options)
     : geometry_(std::move(geometry)),
-      backend_(backend),
       budgets_(budgets),
       clock_(clock),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      mapper_(&geometry_, backend),
+      ledger_(&geometry_),
+      reservations_(options_.expired_reservations_remembered),
+      remembered_(options_.idempotency_window, options_.idempotency_capacity) {}
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
     const PoolConfig& config, Backend* backend, DeviceBudgets* budgets,
@@ -90,69 +66,53 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
 
 absl::Status PagePool::Init() {
   const Geometry& g = geometry_;
-  for (int i = 0; i < g.device_count(); ++i) {
-    absl::StatusOr<VirtualRange> r =
-        backend_->ReserveRange(g.devices()[i], g.virtual_bytes_per_device());
-    if (!r.ok()) {
-      for (int j = i - 1; j >= 0; --j) {
-        (void)backend_->FreeRange(g.devices()[j], ranges_[j]);
+  int failed_device = -1;
+  if (absl::Status s = mapper_.ReserveRanges(&failed_device); !s.ok()) {
+    return MakeFailure(
+        FailureReason::kMappingFailed,
+        absl::StrCat("cannot reserve ", g.virtual_bytes_per_device().value(),
+                     " bytes of address space on device ", failed_device, ": ",
+                     s.message()),
+        {{"virtual_bytes", Num(g.virtual_bytes_per_device().value())}});
+  }
+  Epilogue epi;
+  absl::Status result;
+  {
+    absl::MutexLock lock(&mu_);
+    target_pages_ = g.page_count().value();
+    if (g.config().reserve_null_block) {
+      // Block 0 lives on page 0 (B <= P), the front of the FREE list; it is
+      // mapped now and never again unmapped while the pool lives.
+      if (!budgets_->TryCharge(g.devices(), g.bundle_bytes(), 1)) {
+        return MakeFailure(FailureReason::kGpuMemoryExhausted,
+                           "cannot afford the page of the null block",
+                           {{"requested_pages", "1"}});
       }
-      ranges_.clear();
-      return MakeFailure(
-          FailureReason::kMappingFailed,
-          absl::StrCat("cannot reserve ", g.virtual_bytes_per_device().value(),
-                       " bytes of address space on device ", g.devices()[i],
-                       ": ", r.status().message()),
-          {{"virtual_bytes", Num(g.virtual_bytes_per_device().value())}});
+      const PageId p = ledger_.BeginMapFront(PageCount(1)).front();
+      BundleMapper::MapOutcome m;
+      ++calls_in_flight_;
+      WithoutLock([&] {
+        m = mapper_.Map(p);
+        if (!m.status.ok()) {
+          budgets_->Uncharge(g.devices(), g.bundle_bytes(), 1);
+          (void)budgets_->RefreshAll();
+        }
+      });
+      --calls_in_flight_;
+      if (!m.status.ok()) {
+        ledger_.AbortMap({p});
+        result = MappingErrorLocked(m, 1, &epi.log);
+      } else {
+        stats_.map_latency.Record(m.took);
+        ++stats_.pages_mapped_total;
+        stats_.peak_mapped_pages = 1;
+        std::vector<BlockId> got;
+        ledger_.CommitMap(p, BlockCount(1), BlockOwner::kNull, &got);
+      }
     }
-    ranges_.push_back(*r);
   }
-
-  absl::MutexLock lock(&mu_);
-  const int64_t T = g.page_count().value();
-  pages_.resize(T);
-  handles_.resize(T * g.device_count());
-  owner_.assign(g.max_blocks(), BlockOwner::kNone);
-  free_bits_.assign((g.max_blocks() + 63) / 64, 0);
-  target_pages_ = T;
-  for (PageId p = 0; p < T; ++p) {
-    Page& page = pages_[p];
-    const BlockRange r = g.range(p);
-    page.begin = r.begin;
-    page.end = r.end;
-    page.usable = r.size();
-    if (page.usable == 0) {
-      page.state = PageState::kEmpty;
-    } else {
-      page.state = PageState::kFree;
-      free_.PushBack(p, page.usable);
-    }
-    SetStateCountLocked(page.state, +1);
-  }
-
-  if (g.config().reserve_null_block) {
-    // Block 0 lives on page 0 (B <= P), which is mapped now and never again
-    // unmapped while the pool lives.
-    if (!budgets_->TryCharge(g.devices(), g.bundle_bytes(), 1)) {
-      return MakeFailure(FailureReason::kGpuMemoryExhausted,
-                         "cannot afford the page of the null block",
-                         {{"requested_pages", "1"}});
-    }
-    free_.PopFront();
-    MapOutcome m = MapPageUnlocked(0);
-    if (!m.status.ok()) {
-      budgets_->Uncharge(g.devices(), g.bundle_bytes(), 1);
-      return MappingErrorLocked(m, 1);
-    }
-    stats_.map_latency.Record(m.took);
-    ChangeStateLocked(0, PageState::kMapping);
-    MarkMappedLocked(0);
-    std::vector<BlockId> got;
-    TakeFromPageLocked(0, 1, BlockOwner::kNull, &got);
-    AttachMappedLocked(0);  // -> OPEN or FULL
-    null_blocks_ = 1;
-  }
-  return absl::OkStatus();
+  if (!epi.log.empty()) std::fputs(epi.log.c_str(), stderr);
+  return result;
 }
 
 PagePool::~PagePool() { (void)Shutdown(/*force=*/true); }
@@ -160,31 +120,40 @@ PagePool::~PagePool() { (void)Shutdown(/*force=*/true); }
 absl::Status PagePool::Shutdown(bool force) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::OkStatus();
-  if (!force && (allocated_ > 0 || reserved_ > 0)) {
+  const int64_t allocated = ledger_.allocated().value();
+  const int64_t reserved = ledger_.reserved().value();
+  if (!force && (allocated > 0 || reserved > 0)) {
     return MakeFailure(
         FailureReason::kPoolNotEmpty,
-        absl::StrCat("pool ", name(), " holds ", allocated_, " allocated and ",
-                     reserved_,
+        absl::StrCat("pool ", name(), " holds ", allocated, " allocated and ",
+                     reserved,
                      " reserved blocks; free them or delete with force"),
         {{"pool", name()},
-         {"allocated_blocks", Num(allocated_)},
-         {"reserved_blocks", Num(reserved_)}});
+         {"allocated_blocks", Num(allocated)},
+         {"reserved_blocks", Num(reserved)}});
   }
-  AwaitNoMappingLocked();
+  mu_.Await(absl::Condition(
+      +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
   shut_down_ = true;
-  int64_t leaked = 0;
-  for (PageId p = 0; p < static_cast<PageId>(pages_.size()); ++p) {
-    if (!IsMapped(pages_[p].state)) continue;
-    if (UnmapPageLocked(p).ok()) {
-      budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
-    } else {
-      ++leaked;
+  // From here every call answers POOL_NOT_FOUND and leaves the pages alone.
+  std::vector<Unmap> pages;
+  for (PageId p = 0; p < geometry_.page_count().value(); ++p) {
+    const PageState s = ledger_.page(p).state;
+    if (s == PageState::kIdle || s == PageState::kOpen ||
+        s == PageState::kFull) {
+      pages.push_back({p});
     }
   }
-  for (size_t i = 0; i < ranges_.size(); ++i) {
-    if (leaked == 0)
-      (void)backend_->FreeRange(geometry_.devices()[i], ranges_[i]);
-  }
+  int64_t leaked = 0;
+  WithoutLock([&] {
+    for (Unmap& u : pages) {
+      u.status = mapper_.Unmap(u.page, &u.took);
+      if (!u.status.ok()) ++leaked;
+    }
+    if (leaked == 0) mapper_.FreeRanges();
+  });
+  budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(),
+                     static_cast<int64_t>(pages.size()) - leaked);
   if (leaked > 0) {
     return absl::InternalError(absl::StrCat("pool ", name(), ": ", leaked,
                                             " page(s) could not be unmapped"));
@@ -193,129 +162,14 @@ absl::Status PagePool::Shutdown(bool force) {
 }
 
 // ---------------------------------------------------------------------------
-// State bookkeeping
+// The one place the lock is dropped mid-call.
 
-void PagePool::SetStateCountLocked(PageState s, int64_t delta) {
-  state_pages_[StateIndex(s)] += delta;
-}
-
-void PagePool::ChangeStateLocked(PageId p, PageState to) {
-  SetStateCountLocked(pages_[p].state, -1);
-  pages_[p].state = to;
-  SetStateCountLocked(to, +1);
-}
-
-int64_t PagePool::MappedPagesLocked() const {
-  return state_pages_[StateIndex(PageState::kIdle)] +
-         state_pages_[StateIndex(PageState::kOpen)] +
-         state_pages_[StateIndex(PageState::kFull)] +
-         state_pages_[StateIndex(PageState::kMapping)];
-}
-
-void PagePool::DetachMappedLocked(PageId p) {
-  Page& page = pages_[p];
-  switch (page.state) {
-    case PageState::kOpen:
-      open_.erase({page.free, p});
-      open_free_ -= page.free;
-      break;
-    case PageState::kIdle:
-      // Callers detach IDLE pages only at the front of idle_ or after
-      // removing them from it themselves.
-      idle_usable_ -= page.usable;
-      break;
-    default: break;
-  }
-}
-
-void PagePool::AttachMappedLocked(PageId p) {
-  Page& page = pages_[p];
-  PageState to;
-  if (page.allocated + page.reserved == 0) {
-    to = PageState::kIdle;
-  } else if (page.free == 0) {
-    to = PageState::kFull;
-  } else {
-    to = PageState::kOpen;
-  }
-  ChangeStateLocked(p, to);
-  if (to == PageState::kOpen) {
-    open_.insert({page.free, p});
-    open_free_ += page.free;
-  } else if (to == PageState::kIdle) {
-    idle_usable_ += page.usable;
-  }
-}
-
-void PagePool::MarkMappedLocked(PageId p) {
-  Page& page = pages_[p];
-  for (BlockId b = page.begin; b < page.end; ++b) {
-    free_bits_[b >> 6] |= uint64_t{1} << (b & 63);
-  }
-  page.free = page.usable;
-  ++stats_.pages_mapped_total;
-  stats_.peak_mapped_pages =
-      std::max(stats_.peak_mapped_pages, MappedPagesLocked());
-}
-
-void PagePool::MarkUnmappedLocked(PageId p) {
-  Page& page = pages_[p];
-  for (BlockId b = page.begin; b < page.end; ++b) {
-    free_bits_[b >> 6] &= ~(uint64_t{1} << (b & 63));
-  }
-  page.free = 0;
-  ++stats_.pages_unmapped_total;
-}
-
-int64_t PagePool::TakeFromPageLocked(PageId p, int64_t n, BlockOwner owner,
-                                     std::vector<BlockId>* out) {
-  Page& page = pages_[p];
-  int64_t taken = 0;
-  // A word at a time: mask the word to the page's range, take its set bits
-  // lowest first, store the word back once.
-  for (int64_t word = page.begin >> 6; taken < n && (word << 6) < page.end;
-       ++word) {
-    uint64_t bits = free_bits_[word];
-    if ((word << 6) < page.begin) bits &= ~uint64_t{0} << (page.begin & 63);
-    if (((word + 1) << 6) > page.end) {
-      bits &= ~uint64_t{0} >> (64 - (page.end & 63));
-    }
-    if (bits == ~uint64_t{0} && n - taken >= 64) {  // a whole word
-      const BlockId first = word << 6;
-      std::fill_n(owner_.begin() + first, 64, owner);
-      const size_t at = out->size();
-      out->resize(at + 64);
-      std::iota(out->begin() + at, out->end(), first);
-      free_bits_[word] = 0;
-      taken += 64;
-      continue;
-    }
-    uint64_t took = 0;
-    while (bits != 0 && taken < n) {
-      const uint64_t lowest = bits & (~bits + 1);
-      const BlockId found = (word << 6) + __builtin_ctzll(bits);
-      bits ^= lowest;
-      took |= lowest;
-      owner_[found] = owner;
-      out->push_back(found);
-      ++taken;
-    }
-    free_bits_[word] &= ~took;
-  }
-  page.free -= taken;
-  if (owner == BlockOwner::kReserved) {
-    page.reserved += taken;
-  } else {
-    page.allocated += taken;
-  }
-  return taken;
-}
-
-PageId PagePool::PageOfLocked(BlockId b, PageId hint) const {
-  if (hint >= 0 && b >= pages_[hint].begin && b < pages_[hint].end) {
-    return hint;
-  }
-  return geometry_.page_of(b);
+void PagePool::WithoutLock(absl::FunctionRef<void()> work)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  mu_.AssertHeld();
+  mu_.Unlock();
+  work();
+  mu_.Lock();
 }
 
 // ---------------------------------------------------------------------------
@@ -324,19 +178,6 @@ PageId PagePool::PageOfLocked(BlockId b, PageId hint) const {
 int64_t PagePool::AffordableLocked() const {
   return budgets_->AffordableBundles(geometry_.devices(),
                                      geometry_.bundle_bytes());
-}
-
-int64_t PagePool::MappedSupplyLocked() const {
-  int64_t mapping = mapping_.has_value() ? pages_[*mapping_].usable : 0;
-  return open_free_ + idle_usable_ + mapping;
-}
-
-int64_t PagePool::AvailableLocked(int64_t affordable) const {
-  return MappedSupplyLocked() + free_.PrefixSum(affordable);
-}
-
-int64_t PagePool::TotalUnderLimitLocked() const {
-  return geometry_.total_usable().value() - reclaimed_usable_ - null_blocks_;
 }
 
 absl::Status PagePool::CheckUsableLocked() const {
@@ -354,6 +195,11 @@ absl::Status PagePool::CheckUsableLocked() const {
   return absl::OkStatus();
 }
 
+Bytes PagePool::MappedBytesLocked() const {
+  return Bytes(ledger_.mapped_pages().value() *
+               geometry_.bundle_bytes().value() * geometry_.device_count());
+}
+
 LimitInfo PagePool::LimitInfoLocked() const {
   LimitInfo info;
   info.state = limit_state_;
@@ -363,79 +209,91 @@ LimitInfo PagePool::LimitInfoLocked() const {
   const int64_t per_page =
       geometry_.bundle_bytes().value() * geometry_.device_count();
   info.effective_bytes = Bytes(target_pages_ * per_page);
-  const int64_t mapped = MappedPagesLocked() * per_page;
-  info.overage_bytes =
-      Bytes(std::max<int64_t>(0, mapped - info.effective_bytes.value()));
+  info.overage_bytes = Bytes(std::max<int64_t>(
+      0, MappedBytesLocked().value() - info.effective_bytes.value()));
   return info;
 }
 
 absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
     const CapacityQuery& query) {
-  absl::MutexLock lock(&mu_);
-  if (shut_down_) return CheckUsableLocked();
-  ExpireLocked();
+  std::string log;
   CapacitySnapshot c;
-  c.pool = name();
-  c.generation = generation_;
-  c.healthy = !failed_;
-  c.failure = failure_;
-  const int64_t affordable = AffordableLocked();
-  c.affordable_bundles = affordable;
-  // A FAILED pool refuses allocation, so it has nothing available.
-  c.available_blocks = BlockCount(failed_ ? 0 : AvailableLocked(affordable));
-  c.available_tokens =
-      c.available_blocks.value() * geometry_.config().tokens_per_block;
-  c.reserved_blocks = BlockCount(reserved_);
-  c.allocated_blocks = BlockCount(allocated_);
-  c.total_blocks = BlockCount(TotalUnderLimitLocked());
-  c.pages_free = PageCount(state_pages_[StateIndex(PageState::kFree)]);
-  c.pages_mapping = PageCount(state_pages_[StateIndex(PageState::kMapping)]);
-  c.pages_idle = PageCount(state_pages_[StateIndex(PageState::kIdle)]);
-  c.pages_open = PageCount(state_pages_[StateIndex(PageState::kOpen)]);
-  c.pages_full = PageCount(state_pages_[StateIndex(PageState::kFull)]);
-  c.pages_reclaimed =
-      PageCount(state_pages_[StateIndex(PageState::kReclaimed)]);
-  c.pages_empty = PageCount(state_pages_[StateIndex(PageState::kEmpty)]);
-  const int64_t devices = geometry_.device_count();
-  c.mapped_bytes =
-      Bytes(MappedPagesLocked() * geometry_.bundle_bytes().value() * devices);
-  c.virtual_bytes = geometry_.virtual_bytes_per_device() * devices;
-  for (int d : geometry_.devices()) c.devices.push_back(budgets_->Snapshot(d));
-  c.limit = LimitInfoLocked();
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return CheckUsableLocked();
+    ExpireLocked(&log);
+    c.pool = name();
+    c.generation = generation_;
+    c.healthy = !failed_;
+    c.failure = failure_;
+    const int64_t affordable = AffordableLocked();
+    c.affordable_bundles = affordable;
+    // A FAILED pool refuses allocation, so it has nothing available.
+    c.available_blocks = failed_
+                             ? BlockCount(0)
+                             : ledger_.mapped_supply() +
+                                   ledger_.FreePrefix(PageCount(affordable));
+    c.available_tokens =
+        c.available_blocks.value() * geometry_.config().tokens_per_block;
+    c.reserved_blocks = ledger_.reserved();
+    c.allocated_blocks = ledger_.allocated();
+    c.total_blocks = ledger_.admitted_usable();
+    c.pages_free = ledger_.pages(PageState::kFree);
+    c.pages_mapping = ledger_.pages(PageState::kMapping);
+    c.pages_idle = ledger_.pages(PageState::kIdle);
+    c.pages_open = ledger_.pages(PageState::kOpen);
+    c.pages_full = ledger_.pages(PageState::kFull);
+    c.pages_reclaimed = ledger_.pages(PageState::kReclaimed);
+    c.pages_empty = ledger_.pages(PageState::kEmpty);
+    c.mapped_bytes = MappedBytesLocked();
+    c.virtual_bytes =
+        geometry_.virtual_bytes_per_device() * geometry_.device_count();
+    for (int d : geometry_.devices()) {
+      c.devices.push_back(budgets_->Snapshot(d));
+    }
+    c.limit = LimitInfoLocked();
 
-  if (query.max_pages > 0) {
-    const size_t cap = static_cast<size_t>(query.max_pages);
-    auto add = [&](PageId p, bool counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (c.pages.size() >= cap) return false;
-      const Page& page = pages_[p];
-      PageInfo info;
-      info.page_id = p;
-      info.usable_blocks = BlockCount(page.usable);
-      info.free_blocks =
-          BlockCount(IsMapped(page.state) ? page.free : page.usable);
-      info.allocated_blocks = BlockCount(page.allocated);
-      info.reserved_blocks = BlockCount(page.reserved);
-      info.state = page.state;
-      info.counted = counted;
-      c.pages.push_back(info);
-      return true;
-    };
-    for (const auto& [free, p] : open_) {
-      if (!add(p, true)) break;
-    }
-    for (PageId p : idle_) {
-      if (!add(p, true)) break;
-    }
-    if (mapping_.has_value()) add(*mapping_, true);
-    for (size_t i = 0; i < free_.size(); ++i) {
-      if (!add(free_[i].page, static_cast<int64_t>(i) < affordable)) break;
+    if (query.max_pages > 0) {
+      const size_t cap = static_cast<size_t>(query.max_pages);
+      auto add = [&](PageId p,
+                     bool counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (c.pages.size() >= cap) return false;
+        const PageLedger::Page& page = ledger_.page(p);
+        PageInfo info;
+        info.page_id = p;
+        info.usable_blocks = BlockCount(page.usable);
+        info.free_blocks = BlockCount(
+            page.state == PageState::kFree ? page.usable : page.free);
+        info.allocated_blocks = BlockCount(page.allocated);
+        info.reserved_blocks = BlockCount(page.reserved);
+        info.state = page.state;
+        info.counted = counted;
+        c.pages.push_back(info);
+        return true;
+      };
+      for (const auto& [free, p] : ledger_.open_index()) {
+        if (!add(p, true)) break;
+      }
+      for (PageId p : ledger_.idle_list()) {
+        if (!add(p, true)) break;
+      }
+      for (PageId p : ledger_.in_flight()) {
+        if (!add(p, false)) break;
+      }
+      const internal::FreeList& free_list = ledger_.free_list();
+      for (size_t i = 0; i < free_list.size(); ++i) {
+        if (!add(free_list[i].page, static_cast<int64_t>(i) < affordable)) {
+          break;
+        }
+      }
     }
   }
+  if (!log.empty()) std::fputs(log.c_str(), stderr);
   return c;
 }
 
 // ---------------------------------------------------------------------------
-// Planning: every refusal is decided here, before any mapping.
+// Planning: every refusal is decided here, before anything is taken.
 
 absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
     int64_t requested, int64_t from_reservation,
@@ -443,13 +301,14 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
   Plan plan;
   plan.from_reservation = from_reservation;
   const int64_t need = requested - from_reservation;
-  const int64_t total = TotalUnderLimitLocked();
-  const int64_t mapped_supply = MappedSupplyLocked();
+  const int64_t total = ledger_.admitted_usable().value();
+  const int64_t mapped_supply = ledger_.mapped_supply().value();
   plan.from_pool = need;
   // Fast path: mapped pages cover the request; no budget lookup needed.
   if (requested <= total && need <= mapped_supply) return plan;
   const int64_t affordable = AffordableLocked();
-  const int64_t available = mapped_supply + free_.PrefixSum(affordable);
+  const int64_t available =
+      mapped_supply + ledger_.FreePrefix(PageCount(affordable)).value();
 
   auto refuse =
       [&](FailureReason reason, std::string message, FailureMetadata md)
@@ -458,8 +317,8 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
     md["requested_blocks"] = Num(requested);
     md["available_blocks"] = Num(available);
     md["pool_total_blocks"] = Num(total);
-    md["reserved_blocks"] = Num(reserved_);
-    md["allocated_blocks"] = Num(allocated_);
+    md["reserved_blocks"] = Num(ledger_.reserved().value());
+    md["allocated_blocks"] = Num(ledger_.allocated().value());
     if (reservation != nullptr) {
       md["reservation_id"] = reservation->id;
       md["reservation_blocks"] = Num(from_reservation);
@@ -492,10 +351,10 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
                      "page; ",
                      mapped_supply, " blocks are available on mapped pages"),
         {{"target_pages", Num(target_pages_)},
-         {"mapped_pages", Num(MappedPagesLocked())}});
+         {"mapped_pages", Num(ledger_.mapped_pages().value())}});
   }
-  const int64_t pages = free_.PagesToCover(beyond);
-  if (pages > static_cast<int64_t>(free_.size())) {
+  const int64_t pages = ledger_.FreePagesToCover(BlockCount(beyond)).value();
+  if (pages > ledger_.free_pages().value()) {
     return refuse(FailureReason::kPoolExhausted,
                   absl::StrCat("requested ", requested, " blocks; pool ",
                                name(), " has ", available, " available now"),
@@ -524,93 +383,196 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
 }
 
 // ---------------------------------------------------------------------------
-// Mapping transactions
+// Acquisition: take under the lock, map without it, commit or roll back.
 
-PagePool::MapOutcome PagePool::MapPageUnlocked(PageId p) {
-  const Geometry& g = geometry_;
-  const Bytes size = g.bundle_bytes();
-  const uint64_t offset = g.page_offset(p).value();
-  const int n = g.device_count();
-  const absl::Time start = absl::Now();
-  // Steps done so far on the device being mapped: 0 none, 1 created,
-  // 2 mapped. Devices before it are fully done.
-  int done_devices = 0;
-  int step = 0;
-  absl::Status error;
-  for (; done_devices < n; ++done_devices) {
-    const int dev = g.devices()[done_devices];
-    const uint64_t va = ranges_[done_devices].base + offset;
-    step = 0;
-    absl::StatusOr<PhysicalHandle> h = backend_->Create(dev, size);
-    if (!h.ok()) {
-      error = h.status();
+PagePool::Acquisition PagePool::BeginAcquireLocked(const Plan& plan,
+                                                   BlockOwner owner,
+                                                   Reservation* reservation) {
+  Acquisition acq;
+  acq.owner = owner;
+  if (plan.from_reservation > 0) {
+    acq.reservation_id = reservation->id;
+    acq.from_reservation =
+        ReservationTable::TakeFront(*reservation, plan.from_reservation);
+    ledger_.Reassign(acq.from_reservation, BlockOwner::kAllocated);
+    acq.blocks = acq.from_reservation;
+  }
+  if (plan.new_pages == 0) {
+    ledger_.TakeMapped(BlockCount(plan.from_pool), owner, &acq.blocks,
+                       &acq.from_idle);
+    return acq;
+  }
+  // Mapping is needed only when the mapped pages cannot cover the rest, so
+  // this call takes every block they offer, then the fresh pages' blocks.
+  const BlockCount supply = ledger_.mapped_supply();
+  ledger_.TakeMapped(supply, owner, &acq.blocks, &acq.from_idle);
+  if (owner == BlockOwner::kReserved) reserving_in_flight_ += supply.value();
+  acq.fresh_need = plan.from_pool - supply.value();
+  acq.fresh = ledger_.BeginMapFront(PageCount(plan.new_pages));
+  return acq;
+}
+
+absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
+                                           std::vector<Unmap>* unmaps,
+                                           std::string* log) {
+  const std::vector<PageId>& fresh = acq->fresh;
+  std::vector<BundleMapper::MapOutcome> outcomes;
+  size_t failed_at = fresh.size();
+  bool unwound = true;
+  ++calls_in_flight_;
+  WithoutLock([&] {
+    outcomes.reserve(fresh.size());
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      outcomes.push_back(mapper_.Map(fresh[i]));
+      if (outcomes.back().status.ok()) continue;
+      failed_at = i;
+      // Roll back this call's earlier pages, newest first. The budget of
+      // pages a failed unwind still holds stays charged.
+      for (size_t j = i; j-- > 0;) {
+        absl::Duration took;
+        if (!mapper_.Unmap(fresh[j], &took).ok()) unwound = false;
+      }
+      const int64_t n = static_cast<int64_t>(fresh.size());
+      budgets_->Uncharge(
+          geometry_.devices(), geometry_.bundle_bytes(),
+          unwound && outcomes.back().unwound ? n : n - static_cast<int64_t>(i));
+      // Every mapping failure refreshes the driver's view (after the
+      // uncharge, so that the refresh does not count this call's pages).
+      (void)budgets_->RefreshAll();
       break;
     }
-    handles_[p * n + done_devices] = *h;
-    step = 1;
-    error = backend_->Map(dev, va, size, *h);
-    if (!error.ok()) break;
-    step = 2;
-    error = backend_->SetAccess(dev, va, size);
-    if (!error.ok()) break;
+  });
+  --calls_in_flight_;
+  for (const BundleMapper::MapOutcome& m : outcomes) {
+    if (m.status.ok()) stats_.map_latency.Record(m.took);
   }
-  MapOutcome out;
-  if (error.ok()) {
-    out.took = absl::Now() - start;
-    return out;
-  }
-  out.status = error;
-  // Unwind in reverse: the failing device's finished steps, then every
-  // earlier device.
-  for (int i = done_devices; i >= 0; --i) {
-    const int dev = g.devices()[i];
-    const uint64_t va = ranges_[i].base + offset;
-    const int steps = (i == done_devices) ? step : 2;
-    if (steps >= 2 && !backend_->Unmap(dev, va, size).ok()) {
-      out.unwound = false;
-      continue;  // a handle still mapped must not be released
+  const int64_t held_mapped =
+      static_cast<int64_t>(acq->blocks.size()) -
+      static_cast<int64_t>(acq->from_reservation.size());
+  if (acq->owner == BlockOwner::kReserved) reserving_in_flight_ -= held_mapped;
+
+  if (failed_at == fresh.size()) {
+    int64_t need = acq->fresh_need;
+    for (PageId p : fresh) {
+      need -= ledger_.CommitMap(p, BlockCount(need), acq->owner, &acq->blocks)
+                  .value();
+      ++stats_.pages_mapped_total;
     }
-    if (steps >= 1 && !backend_->Release(dev, handles_[p * n + i]).ok()) {
-      out.unwound = false;
+    stats_.peak_mapped_pages =
+        std::max(stats_.peak_mapped_pages, ledger_.mapped_pages().value());
+    if (need != 0) {
+      // PlanLocked guaranteed the supply; reaching here is a bug.
+      MarkFailedLocked(absl::StrCat("internal error: acquisition short by ",
+                                    need, " blocks"),
+                       /*device_lost=*/false, log);
+      return absl::InternalError("acquisition short of its plan");
+    }
+    return absl::OkStatus();
+  }
+
+  // Roll back to the state before the call (the budget was uncharged
+  // already): the fresh pages to the front of the FREE list, the mapped
+  // pages' blocks and the reservation's blocks back.
+  BundleMapper::MapOutcome m = outcomes[failed_at];
+  if (!unwound) m.unwound = false;
+  ledger_.AbortMap(fresh);
+  std::vector<BlockId> mapped_blocks(
+      acq->blocks.begin() + acq->from_reservation.size(), acq->blocks.end());
+  std::sort(mapped_blocks.begin(), mapped_blocks.end());
+  for (PageId p : ledger_.UntakeMapped(mapped_blocks, acq->from_idle)) {
+    FileEmptiedLocked(p, unmaps);  // emptied by other calls meanwhile
+  }
+  if (!acq->from_reservation.empty()) {
+    if (Reservation* r = reservations_.Find(acq->reservation_id)) {
+      ledger_.Reassign(acq->from_reservation, BlockOwner::kReserved);
+      ReservationTable::PutFront(*r, acq->from_reservation);
+    } else {
+      // The reservation expired or was released meanwhile, and its other
+      // blocks went back to the pool; these follow them.
+      ReturnBlocksLocked(acq->from_reservation, unmaps);
     }
   }
-  return out;
+  acq->blocks.clear();
+  return MappingErrorLocked(m, requested, log);
 }
 
-absl::Status PagePool::UnmapPageLocked(PageId p) {
-  const Geometry& g = geometry_;
-  const Bytes size = g.bundle_bytes();
-  const uint64_t offset = g.page_offset(p).value();
-  const int n = g.device_count();
-  const absl::Time start = absl::Now();
-  absl::Status first;
-  for (int i = n - 1; i >= 0; --i) {
-    const int dev = g.devices()[i];
-    absl::Status s = backend_->Unmap(dev, ranges_[i].base + offset, size);
-    if (s.ok()) s = backend_->Release(dev, handles_[p * n + i]);
-    if (!s.ok() && first.ok()) first = s;
+// ---------------------------------------------------------------------------
+// Returning blocks, unmapping, the limit
+
+void PagePool::FileEmptiedLocked(PageId p, std::vector<Unmap>* unmaps) {
+  const bool over_limit = ledger_.admitted_pages().value() > target_pages_;
+  if (failed_ || (!over_limit && ledger_.idle_pages_listed().value() <
+                                     options_.max_idle_pages)) {
+    ledger_.KeepIdle(p);
+    return;
   }
-  if (first.ok()) stats_.unmap_latency.Record(absl::Now() - start);
-  return first;
+  ledger_.BeginUnmap(p,
+                     over_limit ? Landing::kReclaimedBack : Landing::kFreeBack);
+  unmaps->push_back({p});
 }
 
-bool PagePool::UnmapIdleLocked(PageId p) {
-  absl::Status s = UnmapPageLocked(p);
-  if (!s.ok()) {
+void PagePool::ReturnBlocksLocked(absl::Span<const BlockId> ascending,
+                                  std::vector<Unmap>* unmaps) {
+  for (PageId p : ledger_.ReturnBlocks(ascending)) {
+    FileEmptiedLocked(p, unmaps);
+  }
+  SettleLimitLocked();
+}
+
+int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
+                                       std::string* log) {
+  if (unmaps->empty()) return 0;
+  ++calls_in_flight_;
+  WithoutLock([&] {
+    for (Unmap& u : *unmaps) u.status = mapper_.Unmap(u.page, &u.took);
+  });
+  --calls_in_flight_;
+  int64_t landed = 0;
+  bool any_failed = false;
+  for (const Unmap& u : *unmaps) {
+    if (u.status.ok()) {
+      budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
+      ledger_.FinishUnmap(u.page);
+      stats_.unmap_latency.Record(u.took);
+      ++stats_.pages_unmapped_total;
+      ++landed;
+      continue;
+    }
+    any_failed = true;
     MarkFailedLocked(
-        absl::StrCat("unmapping page ", p, " failed: ", s.message()),
-        /*device_lost=*/s.code() == absl::StatusCode::kInternal);
-    return false;
+        absl::StrCat("unmapping page ", u.page,
+                     " failed: ", u.status.message()),
+        /*device_lost=*/u.status.code() == absl::StatusCode::kInternal, log);
+    ledger_.AbortUnmap(u.page);  // still mapped: kept IDLE, accounted
   }
-  budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
-  MarkUnmappedLocked(p);
-  return true;
+  unmaps->clear();
+  // A page that could not leave still counts against the limit.
+  if (any_failed && ledger_.admitted_pages().value() > target_pages_) {
+    limit_state_ = LimitState::kDeferred;
+  }
+  if (landed > 0) BumpGenerationLocked();
+  return landed;
 }
 
-absl::Status PagePool::MappingErrorLocked(const MapOutcome& outcome,
-                                          int64_t requested) {
+void PagePool::SettleLimitLocked() {
+  if (limit_state_ != LimitState::kDeferred) return;
+  if (ledger_.admitted_pages().value() > target_pages_) return;
+  limit_state_ = LimitState::kApplied;
+  AdmitReclaimedLocked();
+}
+
+void PagePool::AdmitReclaimedLocked() {
+  const int64_t room = target_pages_ - ledger_.admitted_pages().value();
+  if (room > 0) ledger_.AdmitReclaimed(PageCount(room));
+}
+
+// ---------------------------------------------------------------------------
+// Failures
+
+absl::Status PagePool::MappingErrorLocked(
+    const BundleMapper::MapOutcome& outcome, int64_t requested,
+    std::string* log) {
   ++stats_.map_failures_total;
-  (void)budgets_->RefreshAll();
   FailureMetadata md = {
       {"pool", name()},
       {"requested_blocks", Num(requested)},
@@ -626,7 +588,7 @@ absl::Status PagePool::MappingErrorLocked(const MapOutcome& outcome,
                          ? "fatal device error: "
                          : "a failed mapping could not be rolled back: ",
                      outcome.status.message()),
-        /*device_lost=*/code == absl::StatusCode::kInternal);
+        /*device_lost=*/code == absl::StatusCode::kInternal, log);
     return MakeFailure(FailureReason::kPoolFailed,
                        absl::StrCat("pool ", name(), " failed: ", failure_),
                        std::move(md));
@@ -644,112 +606,15 @@ absl::Status PagePool::MappingErrorLocked(const MapOutcome& outcome,
                      std::move(md));
 }
 
-void PagePool::MarkFailedLocked(const std::string& why, bool device_lost) {
+void PagePool::MarkFailedLocked(const std::string& why, bool device_lost,
+                                std::string* log) {
   device_lost_ = device_lost_ || device_lost;
   if (!failed_) {
     failed_ = true;
     failure_ = why;
-    std::fprintf(stderr, "kvbroker: pool %s FAILED: %s\n", name().c_str(),
-                 why.c_str());
+    absl::StrAppend(log, "kvbroker: pool ", name(), " FAILED: ", why, "\n");
   }
   BumpGenerationLocked();
-}
-
-// ---------------------------------------------------------------------------
-// Acquisition
-
-absl::StatusOr<std::vector<BlockId>> PagePool::AcquireLocked(
-    const Plan& plan, BlockOwner owner, Reservation* reservation,
-    int64_t* pages_mapped) {
-  // Map the new pages first; nothing else has changed yet, so a failure
-  // only has to undo the mappings.
-  std::vector<PageId> fresh;
-  fresh.reserve(plan.new_pages);
-  for (int64_t i = 0; i < plan.new_pages; ++i) {
-    fresh.push_back(free_[i].page);
-  }
-  for (size_t i = 0; i < fresh.size(); ++i) {
-    MapOutcome m = MapPageUnlocked(fresh[i]);
-    if (m.status.ok()) {
-      stats_.map_latency.Record(m.took);
-      continue;
-    }
-    // Roll back this call's earlier pages, newest first.
-    for (size_t j = i; j-- > 0;) {
-      if (!UnmapPageLocked(fresh[j]).ok()) m.unwound = false;
-    }
-    // Budget for pages whose unmap failed stays charged: that memory is
-    // still held.
-    budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(),
-                       m.unwound ? plan.new_pages : plan.new_pages - i);
-    return MappingErrorLocked(m, plan.from_reservation + plan.from_pool);
-  }
-  *pages_mapped = plan.new_pages;
-
-  std::vector<BlockId> out;
-  out.reserve(plan.from_reservation + plan.from_pool);
-  // 1. The caller's reservation.
-  if (plan.from_reservation > 0) {
-    PageId hint = -1;
-    for (int64_t i = 0; i < plan.from_reservation; ++i) {
-      BlockId b = reservation->blocks[i];
-      hint = PageOfLocked(b, hint);
-      Page& page = pages_[hint];
-      --page.reserved;
-      ++page.allocated;
-      --reserved_;
-      ++allocated_;
-      owner_[b] = BlockOwner::kAllocated;
-      out.push_back(b);
-    }
-    reservation->blocks.erase(
-        reservation->blocks.begin(),
-        reservation->blocks.begin() + plan.from_reservation);
-  }
-  // The fresh pages join the IDLE list's back, where step 3 reaches them
-  // after the older IDLE pages.
-  for (PageId p : fresh) {
-    free_.PopFront();
-    ChangeStateLocked(p, PageState::kIdle);
-    MarkMappedLocked(p);
-    idle_.push_back(p);
-    idle_usable_ += pages_[p].usable;
-  }
-  int64_t need = plan.from_pool;
-  // 2. OPEN pages, best fit.
-  while (need > 0 && !open_.empty()) {
-    auto it = open_.lower_bound({need, PageId{-1}});
-    if (it == open_.end()) {
-      // None covers the need: the most free blocks, lowest id among ties.
-      it = open_.lower_bound({std::prev(open_.end())->first, PageId{-1}});
-    }
-    const PageId p = it->second;
-    DetachMappedLocked(p);
-    need -= TakeFromPageLocked(p, need, owner, &out);
-    AttachMappedLocked(p);
-  }
-  // 3. IDLE pages, front first (the fresh ones are at the back).
-  while (need > 0 && !idle_.empty()) {
-    const PageId p = idle_.front();
-    idle_.pop_front();
-    DetachMappedLocked(p);
-    need -= TakeFromPageLocked(p, need, owner, &out);
-    AttachMappedLocked(p);
-    if (pages_[p].state == PageState::kIdle) idle_.push_front(p);
-  }
-  if (need != 0) {
-    // PlanLocked guaranteed the supply; reaching here is a bug.
-    MarkFailedLocked(
-        absl::StrCat("internal error: acquisition short by ", need, " blocks"),
-        /*device_lost=*/false);
-    return absl::InternalError("acquisition short of its plan");
-  }
-  if (owner == BlockOwner::kReserved) {
-    reserved_ += plan.from_pool;
-  } else {
-    allocated_ += plan.from_pool;
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -781,91 +646,89 @@ std::string ReserveFingerprint(const ReserveRequest& r) {
 }  // namespace
 
 absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
-  uint64_t before, after;
-  bool prealloc = false;
+  Epilogue epi;
   absl::StatusOr<AllocResult> result;
   {
     absl::MutexLock lock(&mu_);
-    before = generation_;
+    epi.before = generation_;
+    std::vector<Unmap> unmaps;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<AllocResult> {
       if (request.num_blocks < 0) {
         return InvalidField("num_blocks", "must not be negative");
       }
       KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      const std::string& id = request.request_id;
       const std::string fingerprint =
-          request.request_id.empty() ? "" : AllocFingerprint(request);
-      for (;;) {
-        ExpireLocked();
-        if (std::optional<absl::StatusOr<AllocResult>> replay =
-                ReplayLocked<AllocResult>(request.request_id, fingerprint)) {
-          return *std::move(replay);
-        }
-        KVB_RETURN_IF_ERROR(CheckUsableLocked());
-        if (request.expected_generation.has_value() &&
-            *request.expected_generation != generation_) {
-          return MakeFailure(
-              FailureReason::kGenerationMismatch,
-              absl::StrCat("pool ", name(), " is at generation ", generation_,
-                           ", not ", *request.expected_generation,
-                           "; re-read capacity"),
-              {{"pool", name()},
-               {"expected_generation",
-                absl::StrCat(*request.expected_generation)},
-               {"current_generation", absl::StrCat(generation_)}});
-        }
-        Reservation* reservation = nullptr;
-        if (!request.reservation_id.empty()) {
-          KVB_RETURN_IF_ERROR(
-              FindReservationLocked(request.reservation_id, &reservation));
-        }
-        const int64_t from_res =
-            reservation == nullptr
-                ? 0
-                : std::min<int64_t>(request.num_blocks,
-                                    reservation->blocks.size());
-        // A page being mapped by the prealloc worker is counted as IDLE; a
-        // request that needs it waits for its mapping (one page, bounded).
-        if (mapping_.has_value() &&
-            request.num_blocks - from_res > open_free_ + idle_usable_) {
-          AwaitNoMappingLocked();
-          continue;
-        }
-        absl::StatusOr<Plan> plan =
-            PlanLocked(request.num_blocks, from_res, reservation);
-        if (!plan.ok()) return plan.status();
-        AllocResult out;
-        absl::StatusOr<std::vector<BlockId>> blocks = AcquireLocked(
-            *plan, BlockOwner::kAllocated, reservation, &out.pages_mapped);
-        if (!blocks.ok()) return blocks.status();
-        out.num_blocks = static_cast<int64_t>(blocks->size());
-        out.pages = GroupByPage(*std::move(blocks));
-        if (out.num_blocks > 0 || out.pages_mapped > 0) BumpGenerationLocked();
-        out.generation = generation_;
-        stats_.blocks_allocated_total += out.num_blocks;
-        if (!request.request_id.empty()) {
-          RememberLocked(request.request_id, fingerprint, out);
-        }
-        return out;
+          id.empty() ? "" : AllocFingerprint(request);
+      ExpireLocked(&epi.log);
+      AwaitNotPendingLocked(id);
+      if (std::optional<absl::StatusOr<AllocResult>> replay =
+              ReplayLocked<AllocResult>(id, fingerprint)) {
+        return *std::move(replay);
       }
+      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      if (request.expected_generation.has_value() &&
+          *request.expected_generation != generation_) {
+        return MakeFailure(
+            FailureReason::kGenerationMismatch,
+            absl::StrCat("pool ", name(), " is at generation ", generation_,
+                         ", not ", *request.expected_generation,
+                         "; re-read capacity"),
+            {{"pool", name()},
+             {"expected_generation",
+              absl::StrCat(*request.expected_generation)},
+             {"current_generation", absl::StrCat(generation_)}});
+      }
+      Reservation* reservation = nullptr;
+      if (!request.reservation_id.empty()) {
+        KVB_RETURN_IF_ERROR(
+            FindReservationLocked(request.reservation_id, &reservation));
+      }
+      const int64_t from_res =
+          reservation == nullptr
+              ? 0
+              : std::min<int64_t>(request.num_blocks,
+                                  reservation->blocks.size());
+      absl::StatusOr<Plan> plan =
+          PlanLocked(request.num_blocks, from_res, reservation);
+      if (!plan.ok()) return plan.status();
+      Acquisition acq =
+          BeginAcquireLocked(*plan, BlockOwner::kAllocated, reservation);
+      if (!acq.fresh.empty()) {
+        if (!id.empty()) remembered_.MarkPending(id);
+        absl::Status s =
+            FinishAcquireLocked(&acq, request.num_blocks, &unmaps, &epi.log);
+        if (!id.empty()) remembered_.ClearPending(id);
+        if (!s.ok()) return s;
+      }
+      AllocResult out;
+      out.pages_mapped = plan->new_pages;
+      out.num_blocks = static_cast<int64_t>(acq.blocks.size());
+      out.pages = GroupByPage(std::move(acq.blocks));
+      if (out.num_blocks > 0 || out.pages_mapped > 0) BumpGenerationLocked();
+      out.generation = generation_;
+      stats_.blocks_allocated_total += out.num_blocks;
+      if (!id.empty()) RememberLocked(id, fingerprint, out);
+      return out;
     }();
+    CompleteUnmapsLocked(&unmaps, &epi.log);
     ++stats_.alloc_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
-    after = generation_;
-    prealloc = NeedsPreallocLocked();
+    CloseLocked(&epi);
   }
-  NotifyIfChanged(before, after, prealloc);
+  RunEpilogue(epi);
   return result;
 }
 
 absl::StatusOr<ReservationInfo> PagePool::Reserve(
     const ReserveRequest& request) {
-  uint64_t before, after;
-  bool prealloc = false;
+  Epilogue epi;
   absl::StatusOr<ReservationInfo> result;
   {
     absl::MutexLock lock(&mu_);
-    before = generation_;
+    epi.before = generation_;
+    std::vector<Unmap> unmaps;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<ReservationInfo> {
       if (request.num_blocks <= 0) {
@@ -875,71 +738,65 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
         return InvalidField("ttl", "must be positive");
       }
       KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      const std::string& id = request.request_id;
       const std::string fingerprint =
-          request.request_id.empty() ? "" : ReserveFingerprint(request);
-      for (;;) {
-        ExpireLocked();
-        if (std::optional<absl::StatusOr<ReservationInfo>> replay =
-                ReplayLocked<ReservationInfo>(request.request_id,
-                                              fingerprint)) {
-          return *std::move(replay);
-        }
-        KVB_RETURN_IF_ERROR(CheckUsableLocked());
-        if (mapping_.has_value() &&
-            request.num_blocks > open_free_ + idle_usable_) {
-          AwaitNoMappingLocked();
-          continue;
-        }
-        absl::StatusOr<Plan> plan = PlanLocked(request.num_blocks, 0, nullptr);
-        if (!plan.ok()) return plan.status();
-        int64_t mapped = 0;
-        absl::StatusOr<std::vector<BlockId>> blocks =
-            AcquireLocked(*plan, BlockOwner::kReserved, nullptr, &mapped);
-        if (!blocks.ok()) return blocks.status();
-        std::sort(blocks->begin(), blocks->end());
-        Reservation r;
-        r.id = absl::StrCat("res-", next_reservation_++);
-        r.blocks = *blocks;
-        r.expires = clock_->Now() + request.ttl;
-        expiry_.insert({r.expires, r.id});
-        ReservationInfo info;
-        info.reservation_id = r.id;
-        info.num_blocks = static_cast<int64_t>(r.blocks.size());
-        info.pages = GroupByPage(r.blocks);
-        info.expires = r.expires;
-        reservations_.emplace(r.id, std::move(r));
-        BumpGenerationLocked();
-        info.generation = generation_;
-        if (!request.request_id.empty()) {
-          RememberLocked(request.request_id, fingerprint, info);
-        }
-        return info;
+          id.empty() ? "" : ReserveFingerprint(request);
+      ExpireLocked(&epi.log);
+      AwaitNotPendingLocked(id);
+      if (std::optional<absl::StatusOr<ReservationInfo>> replay =
+              ReplayLocked<ReservationInfo>(id, fingerprint)) {
+        return *std::move(replay);
       }
+      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      absl::StatusOr<Plan> plan = PlanLocked(request.num_blocks, 0, nullptr);
+      if (!plan.ok()) return plan.status();
+      Acquisition acq =
+          BeginAcquireLocked(*plan, BlockOwner::kReserved, nullptr);
+      if (!acq.fresh.empty()) {
+        if (!id.empty()) remembered_.MarkPending(id);
+        absl::Status s =
+            FinishAcquireLocked(&acq, request.num_blocks, &unmaps, &epi.log);
+        if (!id.empty()) remembered_.ClearPending(id);
+        if (!s.ok()) return s;
+      }
+      std::sort(acq.blocks.begin(), acq.blocks.end());
+      const Reservation& r =
+          reservations_.Add(std::move(acq.blocks), clock_->Now() + request.ttl);
+      ReservationInfo info;
+      info.reservation_id = r.id;
+      info.num_blocks = static_cast<int64_t>(r.blocks.size());
+      info.pages = GroupByPage(r.blocks);
+      info.expires = r.expires;
+      BumpGenerationLocked();
+      info.generation = generation_;
+      if (!id.empty()) RememberLocked(id, fingerprint, info);
+      return info;
     }();
+    CompleteUnmapsLocked(&unmaps, &epi.log);
     ++stats_.reserve_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
-    after = generation_;
-    prealloc = NeedsPreallocLocked();
+    CloseLocked(&epi);
   }
-  NotifyIfChanged(before, after, prealloc);
+  RunEpilogue(epi);
   return result;
 }
 
 absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
-  uint64_t before, after;
-  bool prealloc = false;
+  Epilogue epi;
   absl::StatusOr<FreeResult> result;
   {
     absl::MutexLock lock(&mu_);
-    before = generation_;
+    epi.before = generation_;
     result =
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
       if (shut_down_) return CheckUsableLocked();
-      ExpireLocked();
+      const std::string& id = request.request_id;
       const std::string fingerprint =
-          request.request_id.empty() ? "" : FreeFingerprint(request);
+          id.empty() ? "" : FreeFingerprint(request);
+      ExpireLocked(&epi.log);
+      AwaitNotPendingLocked(id);
       if (std::optional<absl::StatusOr<FreeResult>> replay =
-              ReplayLocked<FreeResult>(request.request_id, fingerprint)) {
+              ReplayLocked<FreeResult>(id, fingerprint)) {
         return *std::move(replay);
       }
       // Validate everything before changing anything.
@@ -962,11 +819,12 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       }
       std::vector<BlockId> not_allocated, in_reservation;
       for (BlockId b : request.block_ids) {
-        if (b < 0 || b >= geometry_.max_blocks() ||
-            (owner_[b] != BlockOwner::kAllocated &&
-             owner_[b] != BlockOwner::kReserved)) {
+        const BlockOwner o = b < 0 || b >= geometry_.max_blocks()
+                                 ? BlockOwner::kNone
+                                 : ledger_.owner(b);
+        if (o != BlockOwner::kAllocated && o != BlockOwner::kReserved) {
           not_allocated.push_back(b);
-        } else if (owner_[b] == BlockOwner::kReserved) {
+        } else if (o == BlockOwner::kReserved) {
           in_reservation.push_back(b);
         }
       }
@@ -1001,158 +859,64 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
              {"reserved_blocks_named", Num(in_reservation.size())}});
       }
       FreeResult out;
-      out.pages_unmapped = ReturnBlocksLocked(ascending);
+      std::vector<Unmap> unmaps;
+      ReturnBlocksLocked(ascending, &unmaps);
       out.freed_blocks = static_cast<int64_t>(ascending.size());
       stats_.blocks_freed_total += out.freed_blocks;
       if (out.freed_blocks > 0) BumpGenerationLocked();
-      out.generation = generation_;
-      if (!request.request_id.empty()) {
-        RememberLocked(request.request_id, fingerprint, out);
+      if (!unmaps.empty()) {
+        if (!id.empty()) remembered_.MarkPending(id);
+        out.pages_unmapped = CompleteUnmapsLocked(&unmaps, &epi.log);
+        if (!id.empty()) remembered_.ClearPending(id);
       }
+      out.generation = generation_;
+      if (!id.empty()) RememberLocked(id, fingerprint, out);
       return out;
     }();
     ++stats_.free_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
-    after = generation_;
-    prealloc = NeedsPreallocLocked();
+    CloseLocked(&epi);
   }
-  NotifyIfChanged(before, after, prealloc);
+  RunEpilogue(epi);
   return result;
-}
-
-void PagePool::OnPageEmptiedLocked(PageId p, int64_t* unmapped) {
-  Page& page = pages_[p];
-  // The page is detached from every index and holds only free blocks.
-  const bool over_limit =
-      MappedPagesLocked() + static_cast<int64_t>(free_.size()) > target_pages_;
-  if (failed_ || (!over_limit && static_cast<int64_t>(idle_.size()) <
-                                     options_.max_idle_pages)) {
-    AttachMappedLocked(p);  // -> IDLE
-    idle_.push_back(p);
-    return;
-  }
-  if (!UnmapIdleLocked(p)) {
-    AttachMappedLocked(p);  // the pool is FAILED; keep the page accounted
-    idle_.push_back(p);
-    return;
-  }
-  ++*unmapped;
-  if (over_limit) {
-    ChangeStateLocked(p, PageState::kReclaimed);
-    reclaimed_.push_back(p);
-    reclaimed_usable_ += page.usable;
-  } else {
-    ChangeStateLocked(p, PageState::kFree);
-    free_.PushBack(p, page.usable);
-  }
-}
-
-void PagePool::SettleLimitLocked() {
-  if (limit_state_ != LimitState::kDeferred) return;
-  if (MappedPagesLocked() + static_cast<int64_t>(free_.size()) >
-      target_pages_) {
-    return;
-  }
-  limit_state_ = LimitState::kApplied;
-  AdmitReclaimedLocked();
-}
-
-void PagePool::AdmitReclaimedLocked() {
-  // Reclaimed ids come back before every other FREE page, in their order.
-  std::vector<PageId> back;
-  while (!reclaimed_.empty() && MappedPagesLocked() +
-                                        static_cast<int64_t>(free_.size()) +
-                                        static_cast<int64_t>(back.size()) <
-                                    target_pages_) {
-    back.push_back(reclaimed_.front());
-    reclaimed_.pop_front();
-  }
-  for (auto it = back.rbegin(); it != back.rend(); ++it) {
-    reclaimed_usable_ -= pages_[*it].usable;
-    ChangeStateLocked(*it, PageState::kFree);
-    free_.PushFront(*it, pages_[*it].usable);
-  }
 }
 
 absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
     const std::string& reservation_id) {
-  uint64_t before, after;
-  bool prealloc = false;
+  Epilogue epi;
   absl::StatusOr<ReleaseResult> result;
   {
     absl::MutexLock lock(&mu_);
-    before = generation_;
+    epi.before = generation_;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<ReleaseResult> {
       if (shut_down_) return CheckUsableLocked();
-      ExpireLocked();
+      ExpireLocked(&epi.log);
       Reservation* r = nullptr;
       KVB_RETURN_IF_ERROR(FindReservationLocked(reservation_id, &r));
+      const Reservation gone = reservations_.Remove(reservation_id);
       ReleaseResult out;
-      out.released_blocks = static_cast<int64_t>(r->blocks.size());
-      ReleaseReservationLocked(*r);
-      reservations_.erase(reservation_id);
+      out.released_blocks = static_cast<int64_t>(gone.blocks.size());
+      std::vector<Unmap> unmaps;
+      ReturnBlocksLocked(gone.blocks, &unmaps);  // ascending
       BumpGenerationLocked();
+      CompleteUnmapsLocked(&unmaps, &epi.log);
       out.generation = generation_;
       return out;
     }();
-    after = generation_;
-    prealloc = NeedsPreallocLocked();
+    CloseLocked(&epi);
   }
-  NotifyIfChanged(before, after, prealloc);
+  RunEpilogue(epi);
   return result;
-}
-
-void PagePool::ReleaseReservationLocked(Reservation& r) {
-  expiry_.erase({r.expires, r.id});
-  ReturnBlocksLocked(r.blocks);  // ascending
-  r.blocks.clear();
-}
-
-int64_t PagePool::ReturnBlocksLocked(absl::Span<const BlockId> ascending) {
-  absl::InlinedVector<PageId, 4> touched;
-  for (size_t i = 0; i < ascending.size();) {
-    const PageId p = geometry_.page_of(ascending[i]);
-    Page& page = pages_[p];
-    DetachMappedLocked(p);  // OPEN or FULL: it holds block ascending[i]
-    touched.push_back(p);
-    int64_t reserved = 0, allocated = 0;
-    for (; i < ascending.size() && ascending[i] < page.end; ++i) {
-      const BlockId b = ascending[i];
-      if (owner_[b] == BlockOwner::kReserved) {
-        ++reserved;
-      } else {
-        ++allocated;
-      }
-      owner_[b] = BlockOwner::kNone;
-      free_bits_[b >> 6] |= uint64_t{1} << (b & 63);
-    }
-    page.reserved -= reserved;
-    page.allocated -= allocated;
-    page.free += reserved + allocated;
-    reserved_ -= reserved;
-    allocated_ -= allocated;
-  }
-  int64_t unmapped = 0;
-  for (PageId p : touched) {
-    if (pages_[p].allocated + pages_[p].reserved == 0) {
-      OnPageEmptiedLocked(p, &unmapped);
-    } else {
-      AttachMappedLocked(p);
-    }
-  }
-  SettleLimitLocked();
-  return unmapped;
 }
 
 absl::Status PagePool::FindReservationLocked(const std::string& id,
                                              Reservation** out) {
-  auto it = reservations_.find(id);
-  if (it != reservations_.end()) {
-    *out = &it->second;
+  if (Reservation* r = reservations_.Find(id)) {
+    *out = r;
     return absl::OkStatus();
   }
-  if (expired_.count(id) > 0) {
+  if (reservations_.WasExpired(id)) {
     return MakeFailure(FailureReason::kReservationExpired,
                        absl::StrCat("reservation ", id, " in pool ", name(),
                                     " has expired; its blocks went back to "
@@ -1164,95 +928,75 @@ absl::Status PagePool::FindReservationLocked(const std::string& id,
                      {{"pool", name()}, {"reservation_id", id}});
 }
 
-void PagePool::ExpireLocked() {
-  if (expiry_.empty()) return;  // the common case reads no clock
+void PagePool::ExpireLocked(std::string* log) {
+  const std::optional<absl::Time> next = reservations_.next_expiry();
+  if (!next.has_value()) return;  // the common case reads no clock
   const absl::Time now = clock_->Now();
-  while (!expiry_.empty() && expiry_.begin()->first <= now) {
-    const std::string id = expiry_.begin()->second;
-    auto it = reservations_.find(id);
-    if (it == reservations_.end()) {
-      expiry_.erase(expiry_.begin());
-      continue;
-    }
-    ReleaseReservationLocked(it->second);  // erases the expiry entry
-    reservations_.erase(it);
-    expired_.insert(id);
-    expired_order_.push_back(id);
-    while (static_cast<int64_t>(expired_order_.size()) >
-           options_.expired_reservations_remembered) {
-      expired_.erase(expired_order_.front());
-      expired_order_.pop_front();
-    }
+  if (*next > now) return;
+  std::vector<Unmap> unmaps;
+  for (const Reservation& r : reservations_.TakeExpired(now)) {
+    ReturnBlocksLocked(r.blocks, &unmaps);
     ++stats_.reservations_expired_total;
     BumpGenerationLocked();
   }
+  // Finished before the caller goes on, so that it sees the pages landed,
+  // as if they had been unmapped under the lock.
+  CompleteUnmapsLocked(&unmaps, log);
 }
 
 void PagePool::ExpireReservations() {
-  uint64_t before, after;
-  bool prealloc = false;
+  Epilogue epi;
   {
     absl::MutexLock lock(&mu_);
-    before = generation_;
-    if (!shut_down_) ExpireLocked();
-    after = generation_;
-    prealloc = NeedsPreallocLocked();
+    epi.before = generation_;
+    if (!shut_down_) ExpireLocked(&epi.log);
+    CloseLocked(&epi);
   }
-  NotifyIfChanged(before, after, prealloc);
+  RunEpilogue(epi);
 }
 
-void PagePool::AwaitNoMappingLocked() {
+void PagePool::AwaitNotPendingLocked(const std::string& request_id) {
+  if (request_id.empty() || !remembered_.IsPending(request_id)) return;
+  struct Args {
+    const IdempotencyWindow* window;
+    const std::string* id;
+  };
+  // The window is read under mu_: Await evaluates the condition with the
+  // lock held.
+  Args args{&remembered_, &request_id};
   mu_.Await(absl::Condition(
-      +[](std::optional<PageId>* m) { return !m->has_value(); }, &mapping_));
+      +[](Args* a) { return !a->window->IsPending(*a->id); }, &args));
 }
 
 template <typename T>
 std::optional<absl::StatusOr<T>> PagePool::ReplayLocked(
     const std::string& request_id, const std::string& fingerprint) {
   if (request_id.empty()) return std::nullopt;
-  absl::StatusOr<const Remembered*> seen =
-      RecallLocked(request_id, fingerprint);
-  if (!seen.ok()) return absl::StatusOr<T>(seen.status());
-  if (*seen == nullptr) return std::nullopt;
-  ++stats_.idempotent_replays_total;
-  T replay = std::get<T>((*seen)->result);
-  replay.replayed = true;
-  return absl::StatusOr<T>(std::move(replay));
-}
-
-absl::StatusOr<const PagePool::Remembered*> PagePool::RecallLocked(
-    const std::string& request_id, const std::string& fingerprint) {
-  const absl::Time now = clock_->Now();
-  while (!remembered_order_.empty() &&
-         (remembered_order_.front().first + options_.idempotency_window < now ||
-          static_cast<int64_t>(remembered_order_.size()) >
-              options_.idempotency_capacity)) {
-    remembered_.erase(remembered_order_.front().second);
-    remembered_order_.pop_front();
-  }
-  auto it = remembered_.find(request_id);
-  if (it == remembered_.end()) return nullptr;
-  if (it->second.fingerprint != fingerprint) {
-    return MakeFailure(
+  const IdempotencyWindow::Entry* seen =
+      remembered_.Recall(request_id, clock_->Now());
+  if (seen == nullptr) return std::nullopt;
+  if (seen->fingerprint != fingerprint) {
+    return absl::StatusOr<T>(MakeFailure(
         FailureReason::kRequestIdReused,
         absl::StrCat("request_id ", request_id,
                      " was already used with other parameters in pool ",
                      name()),
         {{"pool", name()},
          {"request_id", request_id},
-         {"first_request", it->second.fingerprint},
-         {"this_request", fingerprint}});
+         {"first_request", seen->fingerprint},
+         {"this_request", fingerprint}}));
   }
-  return &it->second;
+  ++stats_.idempotent_replays_total;
+  T replay = std::get<T>(seen->outcome);
+  replay.replayed = true;
+  return absl::StatusOr<T>(std::move(replay));
 }
 
-void PagePool::RememberLocked(
-    const std::string& request_id, std::string fingerprint,
-    std::variant<AllocResult, FreeResult, ReservationInfo> result) {
-  const absl::Time now = clock_->Now();
-  remembered_[request_id] =
-      Remembered{std::move(fingerprint), std::move(result), now};
-  remembered_order_.push_back({now, request_id});
+void PagePool::RememberLocked(const std::string& request_id,
+                              std::string fingerprint,
+                              IdempotencyWindow::Outcome outcome) {
+  remembered_.Remember(request_id, std::move(fingerprint), std::move(outcome),
+                       clock_->Now());
 }
 
 // ---------------------------------------------------------------------------
@@ -1260,12 +1004,11 @@ void PagePool::RememberLocked(
 
 absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
                                                      int64_t revision) {
-  uint64_t before, after;
-  bool prealloc = false;
+  Epilogue epi;
   absl::StatusOr<LimitResult> result;
   {
     absl::MutexLock lock(&mu_);
-    before = generation_;
+    epi.before = generation_;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<LimitResult> {
       if (limit_bytes.value() < 0) {
@@ -1273,18 +1016,21 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
       }
       if (revision < 0) return InvalidField("revision", "must not be negative");
       if (shut_down_) return CheckUsableLocked();
-      ExpireLocked();
-      auto current =
-          [&](LimitOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            LimitResult r;
-            r.outcome = outcome;
-            r.limit = LimitInfoLocked();
-            r.mapped_bytes =
-                Bytes(MappedPagesLocked() * geometry_.bundle_bytes().value() *
-                      geometry_.device_count());
-            r.generation = generation_;
-            return r;
-          };
+      ExpireLocked(&epi.log);
+      // A limit moves pages between lists; it waits until no call has pages
+      // in flight, so that no rollback lands on a list the limit changed.
+      mu_.Await(absl::Condition(
+          +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
+      if (shut_down_) return CheckUsableLocked();
+      auto current = [&](LimitOutcome outcome)
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                           LimitResult r;
+                           r.outcome = outcome;
+                           r.limit = LimitInfoLocked();
+                           r.mapped_bytes = MappedBytesLocked();
+                           r.generation = generation_;
+                           return r;
+                         };
       auto state_outcome = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return limit_state_ == LimitState::kDeferred ? LimitOutcome::kDeferred
                                                      : LimitOutcome::kApplied;
@@ -1296,85 +1042,64 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
                                                      : LimitOutcome::kConflict);
         }
       }
-      AwaitNoMappingLocked();
       const int64_t per_page =
           geometry_.bundle_bytes().value() * geometry_.device_count();
       limit_bytes_ = limit_bytes;
       limit_revision_ = revision;
       target_pages_ = std::min(limit_bytes.value() / per_page,
                                geometry_.page_count().value());
-      auto admitted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return MappedPagesLocked() + static_cast<int64_t>(free_.size());
+      auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return ledger_.admitted_pages().value() > target_pages_;
       };
       // Lowering: unmapped FREE pages go first (from the back), then IDLE
       // pages are unmapped (from the back).
-      while (admitted() > target_pages_ && !free_.empty()) {
-        internal::FreeList::Entry e = free_.PopBack();
-        ChangeStateLocked(e.page, PageState::kReclaimed);
-        reclaimed_.push_front(e.page);
-        reclaimed_usable_ += e.usable;
+      while (over() && ledger_.free_pages().value() > 0) {
+        ledger_.ReclaimFreeBack();
       }
-      while (admitted() > target_pages_ && !idle_.empty() && !failed_) {
-        const PageId p = idle_.back();
-        idle_.pop_back();
-        DetachMappedLocked(p);
-        if (!UnmapIdleLocked(p)) {
-          AttachMappedLocked(p);
-          idle_.push_back(p);
-          break;
-        }
-        ChangeStateLocked(p, PageState::kReclaimed);
-        reclaimed_.push_front(p);
-        reclaimed_usable_ += pages_[p].usable;
+      std::vector<Unmap> unmaps;
+      while (over() && ledger_.idle_pages_listed().value() > 0 && !failed_) {
+        const PageId p = ledger_.idle_list().back();
+        ledger_.BeginUnmap(p, Landing::kReclaimedFront);
+        unmaps.push_back({p});
       }
-      limit_state_ = admitted() > target_pages_ ? LimitState::kDeferred
-                                                : LimitState::kApplied;
+      limit_state_ = over() ? LimitState::kDeferred : LimitState::kApplied;
       if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();
       BumpGenerationLocked();
+      CompleteUnmapsLocked(&unmaps, &epi.log);
       return current(state_outcome());
     }();
-    after = generation_;
-    prealloc = NeedsPreallocLocked();
+    CloseLocked(&epi);
   }
-  NotifyIfChanged(before, after, prealloc);
+  RunEpilogue(epi);
   return result;
 }
 
 absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
-  uint64_t before, after;
-  bool prealloc = false;
+  Epilogue epi;
   absl::StatusOr<TrimResult> result;
   {
     absl::MutexLock lock(&mu_);
-    before = generation_;
+    epi.before = generation_;
     result =
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<TrimResult> {
       KVB_RETURN_IF_ERROR(CheckUsableLocked());
-      AwaitNoMappingLocked();
-      TrimResult out;
-      while (!idle_.empty() &&
-             (max_pages <= 0 || out.pages_unmapped < max_pages)) {
-        const PageId p = idle_.front();
-        if (pages_[p].allocated > 0) break;  // the null block's page stays
-        idle_.pop_front();
-        DetachMappedLocked(p);
-        if (!UnmapIdleLocked(p)) {
-          AttachMappedLocked(p);
-          idle_.push_front(p);
-          return CheckUsableLocked();
-        }
-        ChangeStateLocked(p, PageState::kFree);
-        free_.PushBack(p, pages_[p].usable);
-        ++out.pages_unmapped;
+      std::vector<Unmap> unmaps;
+      while (
+          ledger_.idle_pages_listed().value() > 0 &&
+          (max_pages <= 0 || static_cast<int64_t>(unmaps.size()) < max_pages)) {
+        const PageId p = ledger_.idle_list().front();
+        ledger_.BeginUnmap(p, Landing::kFreeBack);
+        unmaps.push_back({p});
       }
-      if (out.pages_unmapped > 0) BumpGenerationLocked();
+      TrimResult out;
+      out.pages_unmapped = CompleteUnmapsLocked(&unmaps, &epi.log);
+      if (failed_) return CheckUsableLocked();
       out.generation = generation_;
       return out;
     }();
-    after = generation_;
-    prealloc = NeedsPreallocLocked();
+    CloseLocked(&epi);
   }
-  NotifyIfChanged(before, after, prealloc);
+  RunEpilogue(epi);
   return result;
 }
 
@@ -1382,15 +1107,15 @@ absl::StatusOr<std::vector<PageOccupancy>> PagePool::GetPageOccupancy(
     const std::vector<PageId>& page_ids) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return CheckUsableLocked();
+  const int64_t T = geometry_.page_count().value();
   std::vector<PageOccupancy> out;
   out.reserve(page_ids.size());
   for (PageId p : page_ids) {
-    if (p < 0 || p >= static_cast<PageId>(pages_.size())) {
-      return InvalidField(
-          "page_ids",
-          absl::StrCat("page ", p, " is outside [0, ", pages_.size(), ")"));
+    if (p < 0 || p >= T) {
+      return InvalidField("page_ids",
+                          absl::StrCat("page ", p, " is outside [0, ", T, ")"));
     }
-    const Page& page = pages_[p];
+    const PageLedger::Page& page = ledger_.page(p);
     PageOccupancy o;
     o.page_id = p;
     o.usable_blocks = BlockCount(page.usable);
@@ -1406,52 +1131,47 @@ absl::StatusOr<std::vector<PageOccupancy>> PagePool::GetPageOccupancy(
 // Prealloc worker
 
 bool PagePool::PreallocStep() {
-  PageId p;
+  Epilogue epi;
+  bool more = false;
   {
     absl::MutexLock lock(&mu_);
-    if (shut_down_ || failed_ || mapping_.has_value()) return false;
-    if (static_cast<int64_t>(idle_.size()) >= options_.min_idle_pages) {
-      return false;
-    }
-    if (limit_state_ == LimitState::kDeferred || free_.empty()) return false;
+    if (!NeedsPreallocLocked()) return false;
     if (!budgets_->TryCharge(geometry_.devices(), geometry_.bundle_bytes(),
                              1)) {
       return false;
     }
-    p = free_.PopFront().page;
-    ChangeStateLocked(p, PageState::kMapping);
-    mapping_ = p;
-  }
-  // Only this thread touches page p's handles while it is MAPPING.
-  MapOutcome m = MapPageUnlocked(p);
-  uint64_t before, after;
-  bool prealloc = false;
-  bool more = false;
-  {
-    absl::MutexLock lock(&mu_);
-    before = generation_;
-    mapping_.reset();
+    epi.before = generation_;
+    prealloc_running_ = true;
+    const PageId p = ledger_.BeginMapFront(PageCount(1)).front();
+    BundleMapper::MapOutcome m;
+    ++calls_in_flight_;
+    WithoutLock([&] {
+      m = mapper_.Map(p);
+      if (!m.status.ok()) {
+        if (m.unwound) {
+          budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
+        }
+        (void)budgets_->RefreshAll();
+      }
+    });
+    --calls_in_flight_;
+    prealloc_running_ = false;
     if (m.status.ok()) {
       stats_.map_latency.Record(m.took);
-      MarkMappedLocked(p);
-      AttachMappedLocked(p);  // MAPPING -> IDLE
-      idle_.push_back(p);
+      ledger_.CommitMap(p, BlockCount(0), BlockOwner::kAllocated, nullptr);
+      ++stats_.pages_mapped_total;
+      stats_.peak_mapped_pages =
+          std::max(stats_.peak_mapped_pages, ledger_.mapped_pages().value());
       ++stats_.prealloc_pages_total;
       BumpGenerationLocked();
-      more = static_cast<int64_t>(idle_.size()) < options_.min_idle_pages;
+      more = ledger_.idle_pages_listed().value() < options_.min_idle_pages;
     } else {
-      ChangeStateLocked(p, PageState::kFree);
-      free_.PushFront(p, pages_[p].usable);
-      if (m.unwound) {
-        budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
-      }
-      (void)MappingErrorLocked(m, 0);  // marks FAILED when it must
-      BumpGenerationLocked();
+      ledger_.AbortMap({p});
+      (void)MappingErrorLocked(m, 0, &epi.log);  // FAILED when it must be
     }
-    after = generation_;
-    prealloc = NeedsPreallocLocked();
+    CloseLocked(&epi);
   }
-  NotifyIfChanged(before, after, prealloc);
+  RunEpilogue(epi);
   return more;
 }
 
@@ -1468,14 +1188,14 @@ std::vector<PageBlocks> PagePool::GroupByPage(
   std::vector<PageBlocks> out;
   if (blocks.empty()) return out;
   const PageId first = geometry_.page_of(blocks.front());
-  if (blocks.back() < pages_[first].end) {
+  if (blocks.back() < ledger_.page(first).end) {
     out.push_back({first, std::move(blocks)});
     return out;
   }
   for (auto it = blocks.begin(); it != blocks.end();) {
     const PageId p =
-        PageOfLocked(*it, out.empty() ? PageId{-1} : out.back().page_id);
-    const BlockId end = pages_[p].end;
+        ledger_.PageOf(*it, out.empty() ? PageId{-1} : out.back().page_id);
+    const BlockId end = ledger_.page(p).end;
     auto group_end =
         std::find_if(it, blocks.end(), [end](BlockId b) { return b >= end; });
     out.push_back({p, std::vector<BlockId>(it, group_end)});
@@ -1486,15 +1206,22 @@ std::vector<PageBlocks> PagePool::GroupByPage(
 
 void PagePool::BumpGenerationLocked() { ++generation_; }
 
-void PagePool::NotifyIfChanged(uint64_t before, uint64_t after, bool prealloc) {
-  if (after != before && options_.on_change) options_.on_change(name());
-  if (prealloc && options_.on_prealloc_needed) options_.on_prealloc_needed();
+void PagePool::CloseLocked(Epilogue* e) {
+  e->after = generation_;
+  e->prealloc = NeedsPreallocLocked();
+}
+
+void PagePool::RunEpilogue(const Epilogue& e) {
+  if (!e.log.empty()) std::fputs(e.log.c_str(), stderr);
+  if (e.after != e.before && options_.on_change) options_.on_change(name());
+  if (e.prealloc && options_.on_prealloc_needed) options_.on_prealloc_needed();
 }
 
 bool PagePool::NeedsPreallocLocked() const {
-  return !shut_down_ && !failed_ && !mapping_.has_value() &&
-         static_cast<int64_t>(idle_.size()) < options_.min_idle_pages &&
-         limit_state_ != LimitState::kDeferred && !free_.empty();
+  return !shut_down_ && !failed_ && !prealloc_running_ &&
+         ledger_.idle_pages_listed().value() < options_.min_idle_pages &&
+         limit_state_ != LimitState::kDeferred &&
+         ledger_.free_pages().value() > 0;
 }
 
 uint64_t PagePool::generation() const {
@@ -1526,121 +1253,28 @@ absl::Status PagePool::CheckInvariantsLocked() const {
   auto fail = [](auto&&... parts) {
     return absl::InternalError(absl::StrCat("invariant: ", parts...));
   };
-  const int64_t T = static_cast<int64_t>(pages_.size());
-  std::array<int64_t, kStates> by_state = {};
-  int64_t open_free = 0, idle_usable = 0, allocated = 0, reserved = 0;
-  int64_t reclaimed_usable = 0;
-  for (PageId p = 0; p < T; ++p) {
-    const Page& page = pages_[p];
-    ++by_state[StateIndex(page.state)];
-    const BlockRange range = geometry_.range(p);
-    if (page.usable != range.size() || page.begin != range.begin ||
-        page.end != range.end) {
-      return fail("page ", p, " usable ", page.usable);
-    }
-    BlockRange r = geometry_.range(p);
-    int64_t free_bits = 0, alloc_owned = 0, res_owned = 0;
-    for (BlockId b = r.begin; b < r.end; ++b) {
-      const bool bit = (free_bits_[b >> 6] >> (b & 63)) & 1;
-      free_bits += bit;
-      alloc_owned +=
-          owner_[b] == BlockOwner::kAllocated || owner_[b] == BlockOwner::kNull;
-      res_owned += owner_[b] == BlockOwner::kReserved;
-      if (bit && owner_[b] != BlockOwner::kNone) {
-        return fail("block ", b, " is free and owned");
-      }
-    }
-    if (IsMapped(page.state) && page.state != PageState::kMapping) {
-      if (page.free + page.allocated + page.reserved != page.usable) {
-        return fail("page ", p, " free+allocated+reserved != usable");
-      }
-      if (free_bits != page.free || alloc_owned != page.allocated ||
-          res_owned != page.reserved) {
-        return fail("page ", p, " counts disagree with block owners");
-      }
-      const PageState expect =
-          page.allocated + page.reserved == 0
-              ? PageState::kIdle
-              : (page.free == 0 ? PageState::kFull : PageState::kOpen);
-      if (page.state != expect) {
-        return fail("page ", p, " state ", PageStateName(page.state),
-                    " expected ", PageStateName(expect));
-      }
-    } else if (page.free != 0 || page.allocated != 0 || page.reserved != 0 ||
-               free_bits != 0 || alloc_owned != 0 || res_owned != 0) {
-      return fail("unmapped page ", p, " holds blocks");
-    }
-    if (page.state == PageState::kOpen) open_free += page.free;
-    if (page.state == PageState::kIdle) idle_usable += page.usable;
-    if (page.state == PageState::kReclaimed) reclaimed_usable += page.usable;
-    allocated += page.allocated;
-    reserved += page.reserved;
-  }
-  // Straddling blocks are never owned or free.
-  for (BlockId b = 0; b < geometry_.max_blocks(); ++b) {
-    if (!geometry_.is_usable_block(b) &&
-        (owner_[b] != BlockOwner::kNone ||
-         ((free_bits_[b >> 6] >> (b & 63)) & 1))) {
-      return fail("unusable block ", b, " is in use");
-    }
-  }
-  if (by_state != state_pages_) return fail("page state counts");
-  if (open_free != open_free_)
-    return fail("open_free ", open_free, " vs ", open_free_);
-  if (idle_usable != idle_usable_) return fail("idle_usable");
-  if (reclaimed_usable != reclaimed_usable_) return fail("reclaimed_usable");
-  if (allocated - null_blocks_ != allocated_) return fail("allocated");
-  if (reserved != reserved_) return fail("reserved");
-  if (static_cast<int64_t>(open_.size()) !=
-      by_state[StateIndex(PageState::kOpen)]) {
-    return fail("open index size");
-  }
-  for (const auto& [free, p] : open_) {
-    if (pages_[p].state != PageState::kOpen || pages_[p].free != free) {
-      return fail("open index entry for page ", p);
-    }
-  }
-  if (static_cast<int64_t>(idle_.size()) !=
-      by_state[StateIndex(PageState::kIdle)]) {
-    return fail("idle list size");
-  }
-  for (PageId p : idle_) {
-    if (pages_[p].state != PageState::kIdle) return fail("idle list page ", p);
-  }
-  if (static_cast<int64_t>(free_.size()) !=
-      by_state[StateIndex(PageState::kFree)]) {
-    return fail("free list size ", free_.size(), " vs ",
-                by_state[StateIndex(PageState::kFree)]);
-  }
-  int64_t before = free_.empty() ? 0 : free_[0].before;
-  for (size_t i = 0; i < free_.size(); ++i) {
-    const auto& e = free_[i];
-    if (pages_[e.page].state != PageState::kFree ||
-        e.usable != pages_[e.page].usable || e.before != before) {
-      return fail("free list entry ", i);
-    }
-    before += e.usable;
-  }
-  if (static_cast<int64_t>(reclaimed_.size()) !=
-      by_state[StateIndex(PageState::kReclaimed)]) {
-    return fail("reclaimed list size");
-  }
-  int64_t reserved_in_res = 0;
-  for (const auto& [id, r] : reservations_) {
-    reserved_in_res += static_cast<int64_t>(r.blocks.size());
+  if (std::string e = ledger_.Check(); !e.empty()) return fail(e);
+  for (const auto& [id, r] : reservations_.live()) {
     for (BlockId b : r.blocks) {
-      if (owner_[b] != BlockOwner::kReserved) {
+      if (ledger_.owner(b) != BlockOwner::kReserved) {
         return fail("reservation ", id, " block ", b, " not reserved");
       }
     }
   }
-  if (reserved_in_res != reserved_) return fail("reservation totals");
-  const int64_t admitted =
-      MappedPagesLocked() + static_cast<int64_t>(free_.size());
+  if (reservations_.total_blocks() + reserving_in_flight_ !=
+      ledger_.reserved().value()) {
+    return fail("reservation totals");
+  }
+  if (calls_in_flight_ == 0 && ledger_.pages_in_flight().value() > 0) {
+    return fail(ledger_.pages_in_flight().value(),
+                " page(s) in flight with no call in flight");
+  }
+  const int64_t admitted = ledger_.admitted_pages().value();
   if (limit_state_ != LimitState::kDeferred && admitted > target_pages_) {
     return fail("admitted ", admitted, " > target ", target_pages_);
   }
-  if (limit_state_ == LimitState::kDeferred && !free_.empty()) {
+  if (limit_state_ == LimitState::kDeferred &&
+      ledger_.free_pages().value() > 0) {
     return fail("FREE pages while DEFERRED");
   }
   return absl::OkStatus();

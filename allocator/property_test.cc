@@ -1,8 +1,8 @@
-// Property test of scenario C14 (shared/spec/scenarios.md): over many random
+// Property test of scenario C14 (the product's acceptance scenarios): over many random
 // geometries and random sequences of Alloc / Free / Reserve / Alloc from a
 // reservation / ReleaseReservation / SetMemoryLimit / Trim / PreallocStep,
 // PagePool agrees step by step with a brute-force reference model
-// (allocator/testing/reference_model.h, written from the SPEC), and after
+// (allocator/testing/reference_model.h, written from docs/design.md), and after
 // every step:
 //   - Capacity() matches the model (available, reserved and allocated blocks,
 //     pages by state, the IDLE and FREE list orders, OPEN pages' free counts,
@@ -11,6 +11,11 @@
 //   - the C14 contract holds: with c = available_blocks, Alloc(c + 1) is
 //     refused with a capacity reason and zero backend map calls, then
 //     Alloc(c) succeeds with exactly the model's block ids.
+// Some steps stop an Alloc or Reserve that maps while its pages are in
+// flight (a GatedBackend holds its first Create): the pool must then agree
+// with the model's in-flight state (those pages MAPPING, neither available
+// nor allocated, the generation unmoved), and after the call commits, or
+// fails and rolls back, with the model's committed or restored state.
 // Every allocation is compared id for id with the model: the consumption
 // order is deterministic.
 //
@@ -30,6 +35,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,6 +47,7 @@
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
 #include "allocator/page_pool.h"
+#include "allocator/testing/gated_backend.h"
 #include "allocator/testing/reference_model.h"
 #include "allocator/units.h"
 #include "gtest/gtest.h"
@@ -48,6 +55,8 @@
 namespace kvbroker {
 namespace {
 
+using reference::MBlock;
+using reference::MInFlight;
 using reference::MLimitOutcome;
 using reference::MLimitResult;
 using reference::MLimitState;
@@ -177,6 +186,7 @@ PageState ToCore(MPage s) {
     case MPage::kFull: return PageState::kFull;
     case MPage::kReclaimed: return PageState::kReclaimed;
     case MPage::kEmpty: return PageState::kEmpty;
+    case MPage::kMapping: return PageState::kMapping;
   }
   return PageState::kEmpty;
 }
@@ -260,7 +270,8 @@ class PropertyRun {
     ho.device_total = Bytes(g_.budget * bundle);
     ho.granularity = Bytes(2 * kMiB);
     host_ = std::make_unique<HostBackend>(ho);
-    fault_ = std::make_unique<FaultInjectingBackend>(host_.get());
+    gate_ = std::make_unique<testing_support::GatedBackend>(host_.get());
+    fault_ = std::make_unique<FaultInjectingBackend>(gate_.get());
     budgets_ = std::make_unique<DeviceBudgets>(fault_.get(), 1.0);
     if (absl::Status s = budgets_->Init(); !s.ok()) {
       return absl::StrCat("DeviceBudgets::Init: ", s.ToString());
@@ -329,7 +340,7 @@ class PropertyRun {
     eq("pages_reclaimed", s.pages_reclaimed.value(),
        m.PagesIn(MPage::kReclaimed));
     eq("pages_empty", s.pages_empty.value(), m.PagesIn(MPage::kEmpty));
-    eq("pages_mapping", s.pages_mapping.value(), 0);
+    eq("pages_mapping", s.pages_mapping.value(), m.PagesIn(MPage::kMapping));
     eq("affordable_bundles", s.affordable_bundles, m.Affordable());
     eq("mapped_bytes", s.mapped_bytes.value(),
        m.MappedPages() * m.bundle_bytes() * g_.devices);
@@ -340,8 +351,9 @@ class PropertyRun {
       eq("limit.revision", s.limit.revision, m.limit_revision());
     }
     eq("healthy", s.healthy, 1);
+    // Pages in flight are held before their first Create: no handle yet.
     eq("backend live handles", host_->live_handles(),
-       m.MappedPages() * g_.devices);
+       (m.MappedPages() - m.PagesIn(MPage::kMapping)) * g_.devices);
     if (s.generation < last_generation_) {
       err << "generation went back from " << last_generation_ << " to "
           << s.generation << "; ";
@@ -818,6 +830,79 @@ class PropertyRun {
     return "";
   }
 
+  // An Alloc or Reserve that maps, stopped while its pages are in flight,
+  // compared with the model there, then committed or failed and rolled back.
+  std::string DoAcquireInFlight(bool reserve, bool fail) {
+    ReferenceModel& m = *model_;
+    const int64_t c = m.AvailableBlocks();
+    if (c == 0) return "";
+    int64_t n = Uniform(rng_, 1, c);
+    if (!m.WouldMap(n)) n = c;
+    if (!m.WouldMap(n)) return "";
+    const uint64_t gen = pool_->generation();
+    const int64_t creates = fault_->calls(BackendOp::kCreate);
+    absl::StatusOr<AllocResult> alloc;
+    absl::StatusOr<ReservationInfo> reservation;
+    gate_->Arm();
+    std::thread call([&] {
+      if (reserve) {
+        ReserveRequest req;
+        req.num_blocks = n;
+        req.ttl = absl::Hours(24);
+        reservation = pool_->Reserve(req);
+      } else {
+        AllocRequest req;
+        req.num_blocks = n;
+        alloc = pool_->Alloc(req);
+      }
+    });
+    gate_->WaitUntilHeld();
+    MInFlight f =
+        m.BeginAcquire(n, reserve ? MBlock::kReserved : MBlock::kAllocated);
+    std::string err = CheckState();
+    if (!err.empty()) err = "while in flight: " + err;
+    if (pool_->generation() != gen) {
+      err += "taking pages in flight moved the generation; ";
+    }
+    gate_->Release(fail);
+    call.join();
+    const absl::Status status = reserve ? reservation.status() : alloc.status();
+    const std::string what =
+        absl::StrCat(reserve ? "Reserve(" : "Alloc(", n, ") in flight over ",
+                     f.pages.size(), " pages");
+    Note(absl::StrCat(what, fail ? ", failed" : "", " -> ",
+                      status.ok() ? "OK" : ReasonOf(status)));
+    if (fail) {
+      m.AbortAcquire(f);
+      if (GetReason(status) != FailureReason::kMappingFailed) {
+        err += absl::StrCat(what, " that failed returned ", ReasonOf(status),
+                            "; ");
+      }
+      if (pool_->generation() != gen) {
+        err += "a rolled-back call moved the generation; ";
+      }
+      return err;
+    }
+    if (!status.ok()) return err + what + " refused: " + ReasonOf(status);
+    const std::vector<PageBlocks>& pages =
+        reserve ? reservation->pages : alloc->pages;
+    std::vector<int64_t> ids;
+    if (std::string e = Flatten(pages, m, &ids); !e.empty()) return err + e;
+    MOutcome want =
+        m.CommitAcquire(f, reserve ? reservation->reservation_id : "");
+    if (ids != want.ids) {
+      err += absl::StrCat(what, " ids: core ", Ids(ids, 400), " model ",
+                          Ids(want.ids, 400), "; ");
+    }
+    if (fault_->calls(BackendOp::kCreate) - creates !=
+        want.pages_mapped * g_.devices) {
+      err += "in-flight call's Create count; ";
+    }
+    if (pool_->generation() == gen)
+      err += "a committed call kept the generation; ";
+    return err;
+  }
+
   std::string Step() {
     const ReferenceModel& m = *model_;
     const int64_t c = m.AvailableBlocks();
@@ -870,6 +955,10 @@ class PropertyRun {
     if (op < 85) return DoTrim();
     if (op < 90) return DoPrealloc();
     if (op < 95) return DoBadFree();
+    if (op < 98) {
+      return DoAcquireInFlight(/*reserve=*/Uniform(rng_, 0, 3) == 0,
+                               /*fail=*/Uniform(rng_, 0, 2) == 0);
+    }
     return DoAlloc(Uniform(rng_, std::max<int64_t>(0, c - 1), c + 1), false);
   }
 
@@ -898,6 +987,7 @@ class PropertyRun {
   ManualClock clock_;
   // Destroyed in reverse: the pool first, then what it uses.
   std::unique_ptr<HostBackend> host_;
+  std::unique_ptr<testing_support::GatedBackend> gate_;
   std::unique_ptr<FaultInjectingBackend> fault_;
   std::unique_ptr<DeviceBudgets> budgets_;
   std::unique_ptr<PagePool> pool_;

@@ -1,4 +1,4 @@
-// The acceptance scenarios of shared/spec/scenarios.md, one test per row,
+// The product's acceptance scenarios (rows C1.., R1.., ...), one test per row,
 // driven through the allocator's C++ API.
 //
 // Every pool sits on the backend TestBackend gives (host memory by default,
@@ -795,7 +795,7 @@ class RandomWalk {
     tally_->nonzero_probes += available > 0;
     tally_->partly_counted += counted_pages < free_pages;
 
-    // Alloc(c + 1): refused with the reason SPEC 6 gives, before mapping.
+    // Alloc(c + 1): refused with the reason failure.h gives, before mapping.
     const bool deferred = c.limit.state == LimitState::kDeferred;
     tally_->deferred_probes += deferred;
     FailureReason want;

@@ -27,6 +27,7 @@ const char* MPageName(MPage s) {
     case MPage::kFull: return "FULL";
     case MPage::kReclaimed: return "RECLAIMED";
     case MPage::kEmpty: return "EMPTY";
+    case MPage::kMapping: return "MAPPING";
   }
   return "?";
 }
@@ -121,7 +122,8 @@ int64_t ReferenceModel::PagesIn(MPage s) const {
 }
 
 int64_t ReferenceModel::MappedPages() const {
-  return std::count_if(page_.begin(), page_.end(), Mapped);
+  return std::count_if(page_.begin(), page_.end(), Mapped) +
+         PagesIn(MPage::kMapping);
 }
 
 int64_t ReferenceModel::Affordable() const {
@@ -159,7 +161,8 @@ std::vector<int64_t> ReferenceModel::AllocatedIds() const {
 FailureReason ReferenceModel::ExpectedRefusal(int64_t need) const {
   int64_t admitted_usable = 0, mapped_supply = 0, free_total = 0;
   for (int64_t p = 0; p < T_; ++p) {
-    if (Mapped(page_[p]) || page_[p] == MPage::kFree) {
+    if (Mapped(page_[p]) || page_[p] == MPage::kFree ||
+        page_[p] == MPage::kMapping) {
       admitted_usable += usable(p);
     }
     if (page_[p] == MPage::kOpen) mapped_supply += free_blocks(p);
@@ -520,6 +523,75 @@ bool ReferenceModel::PreallocStep() {
   return true;
 }
 
+// ---- mapping in flight ----
+
+bool ReferenceModel::WouldMap(int64_t n) const {
+  int64_t mapped_supply = 0;
+  for (int64_t p = 0; p < T_; ++p) {
+    if (page_[p] == MPage::kOpen) mapped_supply += free_blocks(p);
+    if (page_[p] == MPage::kIdle) mapped_supply += usable(p);
+  }
+  return n > mapped_supply && n <= AvailableBlocks();
+}
+
+MInFlight ReferenceModel::BeginAcquire(int64_t n, MBlock owner) {
+  assert(WouldMap(n));
+  MInFlight f;
+  f.owner = owner;
+  // Every free block of OPEN pages and every IDLE page: take them all, the
+  // order does not matter when all are taken.
+  for (int64_t p = 0; p < T_; ++p) {
+    if (page_[p] == MPage::kOpen) {
+      n -= TakeFromPage(p, usable(p), owner, &f.taken);
+    }
+  }
+  for (int64_t p : idle_list_) {
+    f.from_idle.push_back(p);
+    n -= TakeFromPage(p, usable(p), owner, &f.taken);
+  }
+  idle_list_.clear();
+  if (owner == MBlock::kReserved) reserving_ += f.taken.size();
+  f.fresh_need = n;
+  while (n > 0) {
+    const int64_t p = free_list_.front();
+    free_list_.pop_front();
+    page_[p] = MPage::kMapping;
+    f.pages.push_back(p);
+    n -= usable(p);
+  }
+  return f;
+}
+
+MOutcome ReferenceModel::CommitAcquire(const MInFlight& f,
+                                       const std::string& id) {
+  MOutcome out;
+  out.ids = f.taken;
+  if (f.owner == MBlock::kReserved) reserving_ -= f.taken.size();
+  int64_t need = f.fresh_need;
+  for (int64_t p : f.pages) {
+    page_[p] = MPage::kFree;
+    MapPage(p);
+    ++out.pages_mapped;
+    need -= TakeFromPage(p, need, f.owner, &out.ids);
+  }
+  std::sort(out.ids.begin(), out.ids.end());
+  if (f.owner == MBlock::kReserved) reservations_[id] = out.ids;
+  return out;
+}
+
+void ReferenceModel::AbortAcquire(const MInFlight& f) {
+  if (f.owner == MBlock::kReserved) reserving_ -= f.taken.size();
+  for (auto it = f.pages.rbegin(); it != f.pages.rend(); ++it) {
+    page_[*it] = MPage::kFree;
+    free_list_.push_front(*it);
+  }
+  for (int64_t b : f.taken) block_[b] = MBlock::kFree;
+  for (int64_t p = 0; p < T_; ++p) {
+    if (Mapped(page_[p])) SetMappedStateByCounts(p);
+  }
+  idle_list_.insert(idle_list_.begin(), f.from_idle.begin(), f.from_idle.end());
+}
+
 // ---- checks ----
 
 std::string ReferenceModel::SelfCheck() const {
@@ -543,6 +615,14 @@ std::string ReferenceModel::SelfCheck() const {
     const MPage s = page_[p];
     const bool should_list =
         s == MPage::kFree || s == MPage::kIdle || s == MPage::kReclaimed;
+    if (s == MPage::kMapping) {
+      // In flight: off every list, its blocks not mapped yet.
+      if (listed[p] != 0) err << "page " << p << " in flight is listed; ";
+      for (int64_t b = range_begin(p); b < range_end(p); ++b) {
+        if (block_[b] != MBlock::kUnmapped) err << "block " << b << "; ";
+      }
+      continue;
+    }
     if (listed[p] != (should_list ? 1 : 0)) {
       err << "page " << p << " listed " << listed[p] << " times; ";
     }
@@ -567,7 +647,7 @@ std::string ReferenceModel::SelfCheck() const {
     }
     in_res += static_cast<int64_t>(blocks.size());
   }
-  if (in_res != ReservedBlocks()) err << "reserved count; ";
+  if (in_res + reserving_ != ReservedBlocks()) err << "reserved count; ";
   if (limit_state_ != MLimitState::kDeferred && Admitted() > target_) {
     err << "admitted " << Admitted() << " > target " << target_ << "; ";
   }

@@ -1,5 +1,5 @@
 // ReferenceModel: a brute-force executable model of one KV pool, written from
-// SPEC sections 2-4 and 7 and the documented choices of page_pool.h, for
+// docs/design.md and the documented choices of page_pool.h, for
 // property tests. It shares no code with page_pool.cc.
 //
 // The model keeps explicit per-page and per-block state in plain vectors and
@@ -9,9 +9,9 @@
 // place where the documents are ambiguous.
 //
 // What it models:
-//   - geometry (SPEC 2): range(p) = [ceil(p*P/B), min(floor((p+1)*P/B), N));
+//   - geometry ("Geometry"): range(p) = [ceil(p*P/B), min(floor((p+1)*P/B), N));
 //   - page states FREE / IDLE / OPEN / FULL / RECLAIMED / EMPTY;
-//   - the consumption order (SPEC 3, page_pool.h): OPEN best fit (the page
+//   - the consumption order ("Consumption order", page_pool.h): OPEN best fit (the page
 //     with the fewest free blocks that still covers the remaining need, else
 //     the one with the most free blocks; ties: lowest page id), then IDLE
 //     front first, then FREE front first while every device can afford one
@@ -20,7 +20,7 @@
 //     list) while fewer than max_idle_pages pages are IDLE, else it is
 //     unmapped to the back of the FREE list;
 //   - reservations (Reserve, Alloc from a reservation, ReleaseReservation);
-//   - SetMemoryLimit (SPEC 7, page_pool.h): admitted = mapped + |FREE| <=
+//   - SetMemoryLimit ("Memory limits", page_pool.h): admitted = mapped + |FREE| <=
 //     target; lowering moves FREE pages from the back to RECLAIMED, then
 //     unmaps IDLE pages from the back to RECLAIMED; DEFERRED while still over
 //     the target; a page emptied while over the target is unmapped to
@@ -31,7 +31,13 @@
 //   - PreallocStep (one FREE page from the front -> back of IDLE, when fewer
 //     than min_idle_pages are IDLE and a bundle is affordable);
 //   - a device budget of a fixed number of bundles per device, shared by
-//     nothing else: affordable = max(0, budget_bundles - mapped pages).
+//     nothing else: affordable = max(0, budget_bundles - mapped pages);
+//   - mapping in flight (docs/design.md, "The mapping transaction"): an
+//     Alloc or Reserve that must map takes every block of the mapped pages
+//     and the FREE pages it needs at once (BeginAcquire); those pages are
+//     MAPPING, neither available nor allocated, and count as mapped for the
+//     budget and the limit. CommitAcquire finishes the call as Alloc would
+//     have; AbortAcquire puts everything back where it was.
 //
 // Orders that the documents leave open are isolated in ModelPolicy so that
 // a test can name the choice it makes.
@@ -83,7 +89,15 @@ struct ModelPolicy {
   bool readmit_from_front = true;
 };
 
-enum class MPage : uint8_t { kFree, kIdle, kOpen, kFull, kReclaimed, kEmpty };
+enum class MPage : uint8_t {
+  kFree,
+  kIdle,
+  kOpen,
+  kFull,
+  kReclaimed,
+  kEmpty,
+  kMapping,  // in flight: being mapped for one call
+};
 const char* MPageName(MPage s);
 
 enum class MBlock : uint8_t {
@@ -107,6 +121,15 @@ struct MOutcome {
   int64_t pages_unmapped = 0;
 };
 
+// What an Alloc or Reserve holds while its pages are in flight.
+struct MInFlight {
+  MBlock owner = MBlock::kAllocated;
+  std::vector<int64_t> taken;      // blocks of mapped pages, taken already
+  std::vector<int64_t> from_idle;  // IDLE pages drawn from, in list order
+  std::vector<int64_t> pages;      // in flight, FREE-list order
+  int64_t fresh_need = 0;          // blocks still to take from `pages`
+};
+
 struct MLimitResult {
   bool ok = true;  // false: INVALID_ARGUMENT
   MLimitOutcome outcome = MLimitOutcome::kApplied;
@@ -122,7 +145,7 @@ class ReferenceModel {
   // reserve_null_block, budget_bundles >= 1.
   explicit ReferenceModel(const ModelConfig& config, ModelPolicy policy = {});
 
-  // ---- geometry (SPEC 2) ----
+  // ---- geometry ----
   int64_t page_count() const { return T_; }
   int64_t range_begin(int64_t p) const;
   int64_t range_end(int64_t p) const;
@@ -173,6 +196,20 @@ class ReferenceModel {
   // documented). REQUIRES: it holds no block.
   void DropReservation(const std::string& id);
   MLimitResult SetMemoryLimit(int64_t limit_bytes, int64_t revision);
+
+  // ---- mapping in flight ----
+  // Whether Alloc(n) (or Reserve(n)) would map: n is more than the mapped
+  // pages offer and no more than is available.
+  bool WouldMap(int64_t n) const;
+  // The first half of an Alloc or Reserve of n blocks that maps.
+  // REQUIRES: WouldMap(n).
+  MInFlight BeginAcquire(int64_t n, MBlock owner);
+  // The mapping succeeded: the blocks of the call, ascending, as Alloc or
+  // Reserve(n, id) would have returned them (a reservation is recorded
+  // under `id`).
+  MOutcome CommitAcquire(const MInFlight& f, const std::string& id = "");
+  // The mapping failed: back to the state before BeginAcquire.
+  void AbortAcquire(const MInFlight& f);
   int64_t Trim(int64_t max_pages);
   bool PreallocStep();
 
@@ -211,6 +248,8 @@ class ReferenceModel {
   int64_t revision_ = -1;
   int64_t limit_bytes_ = 0;
   int64_t target_ = 0;
+  // Blocks a Reserve in flight holds (no reservation yet).
+  int64_t reserving_ = 0;
 };
 
 }  // namespace reference

@@ -1,5 +1,5 @@
 // Checks the reference model itself against the numbers of the acceptance
-// scenarios (shared/spec/scenarios.md), so that property tests compare the
+// scenarios (the product's acceptance scenarios), so that property tests compare the
 // pool against a model that is known to follow the spec.
 
 #include "allocator/testing/reference_model.h"

@@ -1,0 +1,132 @@
+// BundleMapper: the per-page transaction over real host memory, its unwind
+// in reverse on each kind of failure, and concurrent use for distinct pages.
+
+#include "allocator/bundle_mapper.h"
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "allocator/fault_injecting_backend.h"
+#include "allocator/geometry.h"
+#include "allocator/host_backend.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker {
+namespace {
+
+Geometry MakeGeometry(std::vector<int> devices, int64_t pages) {
+  PoolConfig c;
+  c.name = "m";
+  c.page_size = MiB(2);
+  c.block_bytes = MiB(2);
+  c.max_blocks = pages;
+  c.devices = std::move(devices);
+  absl::StatusOr<Geometry> g = Geometry::Create(c, MiB(2), 2);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return *g;
+}
+
+struct Rig {
+  Rig() : host(HostBackendOptions{2, Bytes(kGiB), MiB(2)}), backend(&host) {}
+  HostBackend host;
+  FaultInjectingBackend backend;
+};
+
+TEST(BundleMapperTest, MapsEveryDeviceAndUnmapsLastDeviceFirst) {
+  Rig rig;
+  const Geometry g = MakeGeometry({0, 1}, 4);
+  BundleMapper mapper(&g, &rig.backend);
+  int failed = -1;
+  ASSERT_TRUE(mapper.ReserveRanges(&failed).ok());
+  EXPECT_EQ(rig.backend.calls(BackendOp::kReserveRange), 2);
+
+  BundleMapper::MapOutcome m = mapper.Map(2);
+  ASSERT_TRUE(m.status.ok()) << m.status;
+  EXPECT_EQ(rig.host.live_handles(), 2);
+  EXPECT_EQ(rig.backend.calls(BackendOp::kSetAccess), 2);
+  // The page is real memory at page_offset(2) of each device's range.
+  for (int i = 0; i < 2; ++i) {
+    char* at = reinterpret_cast<char*>(mapper.range_base(i) +
+                                       g.page_offset(2).value());
+    std::memset(at, 'a' + i, g.bundle_bytes().value());
+    EXPECT_EQ(at[g.bundle_bytes().value() - 1], 'a' + i);
+  }
+  absl::Duration took;
+  ASSERT_TRUE(mapper.Unmap(2, &took).ok());
+  EXPECT_EQ(rig.host.live_handles(), 0);
+  EXPECT_EQ(rig.backend.calls(BackendOp::kUnmap), 2);
+  EXPECT_EQ(rig.backend.calls(BackendOp::kRelease), 2);
+  mapper.FreeRanges();
+  EXPECT_EQ(rig.backend.calls(BackendOp::kFreeRange), 2);
+}
+
+TEST(BundleMapperTest, FailureOnSecondDeviceUnwindsTheFirst) {
+  Rig rig;
+  const Geometry g = MakeGeometry({0, 1}, 4);
+  BundleMapper mapper(&g, &rig.backend);
+  int failed = -1;
+  ASSERT_TRUE(mapper.ReserveRanges(&failed).ok());
+  rig.backend.AddFault(FaultRule{BackendOp::kSetAccess, FaultKind::kError, 1,
+                                 /*device=*/1});
+  BundleMapper::MapOutcome m = mapper.Map(0);
+  EXPECT_EQ(m.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(m.unwound);
+  // Device 1: created and mapped, so unmapped and released; device 0 too.
+  EXPECT_EQ(rig.backend.calls(BackendOp::kUnmap), 2);
+  EXPECT_EQ(rig.backend.calls(BackendOp::kRelease), 2);
+  EXPECT_EQ(rig.host.live_handles(), 0);
+
+  // A failed unwind is reported, and the mapped handle is not released.
+  rig.backend.AddFault(FaultRule{BackendOp::kMap, FaultKind::kError, 1, 1});
+  rig.backend.AddFault(FaultRule{BackendOp::kUnmap, FaultKind::kError, 1, 0});
+  m = mapper.Map(1);
+  EXPECT_FALSE(m.status.ok());
+  EXPECT_FALSE(m.unwound);
+  EXPECT_EQ(rig.host.live_handles(), 1);  // device 0's, still mapped
+}
+
+TEST(BundleMapperTest, RangeReservationIsAllOrNothing) {
+  Rig rig;
+  const Geometry g = MakeGeometry({0, 1}, 4);
+  BundleMapper mapper(&g, &rig.backend);
+  rig.backend.AddFault(
+      FaultRule{BackendOp::kReserveRange, FaultKind::kOutOfMemory, 1, 1});
+  int failed = -1;
+  absl::Status s = mapper.ReserveRanges(&failed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(failed, 1);
+  EXPECT_FALSE(mapper.has_ranges());
+  EXPECT_EQ(rig.backend.calls(BackendOp::kFreeRange), 1);  // device 0's
+}
+
+TEST(BundleMapperTest, DistinctPagesMapConcurrently) {
+  Rig rig;
+  const Geometry g = MakeGeometry({0}, 64);
+  BundleMapper mapper(&g, &rig.backend);
+  int failed = -1;
+  ASSERT_TRUE(mapper.ReserveRanges(&failed).ok());
+  std::vector<std::thread> threads;
+  std::vector<int> errors(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (PageId p = t; p < 64; p += 4) {
+          if (!mapper.Map(p).status.ok()) ++errors[t];
+        }
+        for (PageId p = t; p < 64; p += 4) {
+          absl::Duration took;
+          if (!mapper.Unmap(p, &took).ok()) ++errors[t];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(errors, std::vector<int>(4, 0));
+  EXPECT_EQ(rig.host.live_handles(), 0);
+  EXPECT_EQ(rig.backend.calls(BackendOp::kCreate), 64 * 20);
+  mapper.FreeRanges();
+}
+
+}  // namespace
+}  // namespace kvbroker

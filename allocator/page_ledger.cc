@@ -1,0 +1,563 @@
+// PageLedger: page and block bookkeeping. The contract is in page_ledger.h.
+
+#include "allocator/page_ledger.h"
+
+#include <algorithm>
+#include <iterator>
+#include <numeric>
+
+#include "absl/base/macros.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvbroker {
+namespace {
+
+bool IsMapped(PageState s) {
+  return s == PageState::kIdle || s == PageState::kOpen ||
+         s == PageState::kFull || s == PageState::kMapping;
+}
+
+}  // namespace
+
+const char* PageStateName(PageState s) {
+  switch (s) {
+    case PageState::kFree: return "FREE";
+    case PageState::kMapping: return "MAPPING";
+    case PageState::kIdle: return "IDLE";
+    case PageState::kOpen: return "OPEN";
+    case PageState::kFull: return "FULL";
+    case PageState::kReclaimed: return "RECLAIMED";
+    case PageState::kEmpty: return "EMPTY";
+  }
+  return "?";
+}
+
+PageLedger::PageLedger(const Geometry* geometry) : geometry_(geometry) {
+  const Geometry& g = *geometry_;
+  const int64_t T = g.page_count().value();
+  pages_.resize(T);
+  owner_.assign(g.max_blocks(), BlockOwner::kNone);
+  free_bits_.assign((g.max_blocks() + 63) / 64, 0);
+  for (PageId p = 0; p < T; ++p) {
+    Page& page = pages_[p];
+    const BlockRange r = g.range(p);
+    page.begin = r.begin;
+    page.end = r.end;
+    page.usable = r.size();
+    page.state = page.usable == 0 ? PageState::kEmpty : PageState::kFree;
+    if (page.usable > 0) free_.PushBack(p, page.usable);
+    ++state_pages_[static_cast<int>(page.state)];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Reading
+
+PageCount PageLedger::mapped_pages() const {
+  return pages(PageState::kIdle) + pages(PageState::kOpen) +
+         pages(PageState::kFull) + pages(PageState::kMapping);
+}
+
+PageCount PageLedger::admitted_pages() const {
+  return PageCount(mapped_pages().value() + free_pages().value() - leaving_);
+}
+
+BlockCount PageLedger::admitted_usable() const {
+  return BlockCount(geometry_->total_usable().value() - reclaimed_usable_ -
+                    null_blocks_);
+}
+
+PageId PageLedger::PageOf(BlockId b, PageId hint) const {
+  if (hint >= 0 && b >= pages_[hint].begin && b < pages_[hint].end) {
+    return hint;
+  }
+  return geometry_->page_of(b);
+}
+
+// ---------------------------------------------------------------------------
+// State bookkeeping
+
+void PageLedger::ChangeState(PageId p, PageState to) {
+  --state_pages_[static_cast<int>(pages_[p].state)];
+  pages_[p].state = to;
+  ++state_pages_[static_cast<int>(to)];
+}
+
+void PageLedger::Detach(PageId p) {
+  Page& page = pages_[p];
+  if (page.state == PageState::kOpen) {
+    open_.erase({page.free, p});
+    open_free_ -= page.free;
+  } else if (page.state == PageState::kIdle) {
+    // Callers detach IDLE pages only after taking them off idle_.
+    idle_usable_ -= page.usable;
+  }
+}
+
+void PageLedger::Attach(PageId p) {
+  Page& page = pages_[p];
+  PageState to;
+  if (page.allocated + page.reserved == 0) {
+    to = PageState::kIdle;
+  } else if (page.free == 0) {
+    to = PageState::kFull;
+  } else {
+    to = PageState::kOpen;
+  }
+  ChangeState(p, to);
+  if (to == PageState::kOpen) {
+    open_.insert({page.free, p});
+    open_free_ += page.free;
+  } else if (to == PageState::kIdle) {
+    idle_usable_ += page.usable;
+    idle_.push_back(p);
+  }
+}
+
+void PageLedger::SetFreeBits(PageId p, bool on) {
+  Page& page = pages_[p];
+  // A word at a time, masked to the page's range.
+  for (int64_t word = page.begin >> 6; (word << 6) < page.end; ++word) {
+    uint64_t mask = ~uint64_t{0};
+    if ((word << 6) < page.begin) mask &= ~uint64_t{0} << (page.begin & 63);
+    if (((word + 1) << 6) > page.end) {
+      mask &= ~uint64_t{0} >> (64 - (page.end & 63));
+    }
+    if (on) {
+      free_bits_[word] |= mask;
+    } else {
+      free_bits_[word] &= ~mask;
+    }
+  }
+  page.free = on ? page.usable : 0;
+}
+
+void PageLedger::CountTaken(BlockOwner owner, int64_t n) {
+  switch (owner) {
+    case BlockOwner::kAllocated: allocated_ += n; break;
+    case BlockOwner::kReserved: reserved_ += n; break;
+    case BlockOwner::kNull: null_blocks_ += n; break;
+    case BlockOwner::kNone: ABSL_ASSERT(false); break;
+  }
+}
+
+int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
+                                 std::vector<BlockId>* out) {
+  Page& page = pages_[p];
+  int64_t taken = 0;
+  // A word at a time: mask the word to the page's range, take its set bits
+  // lowest first, store the word back once.
+  for (int64_t word = page.begin >> 6; taken < n && (word << 6) < page.end;
+       ++word) {
+    uint64_t bits = free_bits_[word];
+    if ((word << 6) < page.begin) bits &= ~uint64_t{0} << (page.begin & 63);
+    if (((word + 1) << 6) > page.end) {
+      bits &= ~uint64_t{0} >> (64 - (page.end & 63));
+    }
+    if (bits == ~uint64_t{0} && n - taken >= 64) {  // a whole word
+      const BlockId first = word << 6;
+      std::fill_n(owner_.begin() + first, 64, owner);
+      const size_t at = out->size();
+      out->resize(at + 64);
+      std::iota(out->begin() + at, out->end(), first);
+      free_bits_[word] = 0;
+      taken += 64;
+      continue;
+    }
+    uint64_t took = 0;
+    while (bits != 0 && taken < n) {
+      const uint64_t lowest = bits & (~bits + 1);
+      const BlockId found = (word << 6) + __builtin_ctzll(bits);
+      bits ^= lowest;
+      took |= lowest;
+      owner_[found] = owner;
+      out->push_back(found);
+      ++taken;
+    }
+    free_bits_[word] &= ~took;
+  }
+  page.free -= taken;
+  if (owner == BlockOwner::kReserved) {
+    page.reserved += taken;
+  } else {
+    page.allocated += taken;
+  }
+  CountTaken(owner, taken);
+  return taken;
+}
+
+// ---------------------------------------------------------------------------
+// Taking blocks
+
+void PageLedger::TakeMapped(BlockCount n, BlockOwner owner,
+                            std::vector<BlockId>* out,
+                            std::vector<PageId>* from_idle) {
+  int64_t need = n.value();
+  while (need > 0 && !open_.empty()) {
+    auto it = open_.lower_bound({need, PageId{-1}});
+    if (it == open_.end()) {
+      // None covers the need: the most free blocks, lowest id among ties.
+      it = open_.lower_bound({std::prev(open_.end())->first, PageId{-1}});
+    }
+    const PageId p = it->second;
+    Detach(p);
+    need -= TakeFromPage(p, need, owner, out);
+    Attach(p);
+  }
+  while (need > 0 && !idle_.empty()) {
+    const PageId p = idle_.front();
+    idle_.pop_front();
+    Detach(p);
+    from_idle->push_back(p);
+    need -= TakeFromPage(p, need, owner, out);
+    Attach(p);
+    if (pages_[p].state == PageState::kIdle) {
+      // Attach filed it at the back; nothing was taken from it.
+      idle_.pop_back();
+      idle_.push_front(p);
+      from_idle->pop_back();
+    }
+  }
+  ABSL_ASSERT(need == 0);
+}
+
+std::vector<PageId> PageLedger::UntakeMapped(
+    absl::Span<const BlockId> ascending, absl::Span<const PageId> from_idle) {
+  std::vector<PageId> emptied = ReturnBlocks(ascending);
+  // Pages drawn from IDLE held only this call's blocks: they are emptied
+  // again and go back to the front, the first one drawn first.
+  for (auto it = from_idle.rbegin(); it != from_idle.rend(); ++it) {
+    const PageId p = *it;
+    auto at = std::find(emptied.begin(), emptied.end(), p);
+    ABSL_ASSERT(at != emptied.end());
+    emptied.erase(at);
+    Attach(p);  // -> IDLE, at the back
+    idle_.pop_back();
+    idle_.push_front(p);
+  }
+  return emptied;
+}
+
+void PageLedger::Reassign(absl::Span<const BlockId> ids, BlockOwner to) {
+  const BlockOwner from = to == BlockOwner::kAllocated ? BlockOwner::kReserved
+                                                       : BlockOwner::kAllocated;
+  PageId hint = -1;
+  for (BlockId b : ids) {
+    ABSL_ASSERT(owner_[b] == from);
+    hint = PageOf(b, hint);
+    Page& page = pages_[hint];
+    owner_[b] = to;
+    if (to == BlockOwner::kAllocated) {
+      --page.reserved;
+      ++page.allocated;
+      --reserved_;
+      ++allocated_;
+    } else {
+      ++page.reserved;
+      --page.allocated;
+      ++reserved_;
+      --allocated_;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Mapping in flight
+
+std::vector<PageId> PageLedger::BeginMapFront(PageCount k) {
+  std::vector<PageId> out;
+  out.reserve(k.value());
+  for (int64_t i = 0; i < k.value(); ++i) {
+    const PageId p = free_.PopFront().page;
+    ChangeState(p, PageState::kMapping);
+    pages_[p].landing = Landing::kNone;
+    in_flight_.insert(p);
+    ++maps_in_flight_;
+    out.push_back(p);
+  }
+  return out;
+}
+
+void PageLedger::AbortMap(absl::Span<const PageId> pages) {
+  for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
+    const PageId p = *it;
+    ABSL_ASSERT(pages_[p].state == PageState::kMapping);
+    in_flight_.erase(p);
+    --maps_in_flight_;
+    ChangeState(p, PageState::kFree);
+    free_.PushFront(p, pages_[p].usable);
+  }
+}
+
+BlockCount PageLedger::CommitMap(PageId p, BlockCount n, BlockOwner owner,
+                                 std::vector<BlockId>* out) {
+  ABSL_ASSERT(pages_[p].state == PageState::kMapping);
+  in_flight_.erase(p);
+  --maps_in_flight_;
+  SetFreeBits(p, true);
+  const int64_t taken =
+      n.value() > 0 ? TakeFromPage(p, n.value(), owner, out) : 0;
+  Attach(p);
+  return BlockCount(taken);
+}
+
+// ---------------------------------------------------------------------------
+// Returning blocks and unmapping in flight
+
+std::vector<PageId> PageLedger::ReturnBlocks(
+    absl::Span<const BlockId> ascending) {
+  std::vector<PageId> touched;
+  for (size_t i = 0; i < ascending.size();) {
+    const PageId p = geometry_->page_of(ascending[i]);
+    Page& page = pages_[p];
+    Detach(p);  // OPEN or FULL: it holds block ascending[i]
+    touched.push_back(p);
+    int64_t reserved = 0, allocated = 0;
+    for (; i < ascending.size() && ascending[i] < page.end; ++i) {
+      const BlockId b = ascending[i];
+      if (owner_[b] == BlockOwner::kReserved) {
+        ++reserved;
+      } else {
+        ++allocated;
+      }
+      owner_[b] = BlockOwner::kNone;
+      free_bits_[b >> 6] |= uint64_t{1} << (b & 63);
+    }
+    page.reserved -= reserved;
+    page.allocated -= allocated;
+    page.free += reserved + allocated;
+    reserved_ -= reserved;
+    allocated_ -= allocated;
+  }
+  std::vector<PageId> emptied;
+  for (PageId p : touched) {
+    if (pages_[p].allocated + pages_[p].reserved == 0) {
+      emptied.push_back(p);  // detached; KeepIdle or BeginUnmap files it
+    } else {
+      Attach(p);
+    }
+  }
+  return emptied;
+}
+
+void PageLedger::KeepIdle(PageId p) { Attach(p); }
+
+void PageLedger::BeginUnmap(PageId p, Landing to) {
+  ABSL_ASSERT(to != Landing::kNone);
+  Page& page = pages_[p];
+  ABSL_ASSERT(page.allocated + page.reserved == 0);
+  if (page.state == PageState::kIdle) {
+    if (!idle_.empty() && idle_.front() == p) {
+      idle_.pop_front();
+      idle_usable_ -= page.usable;
+    } else {
+      ABSL_ASSERT(!idle_.empty() && idle_.back() == p);
+      idle_.pop_back();
+      idle_usable_ -= page.usable;
+    }
+  }
+  SetFreeBits(p, false);
+  ChangeState(p, PageState::kMapping);
+  page.landing = to;
+  in_flight_.insert(p);
+  if (to != Landing::kFreeBack) {
+    ++leaving_;
+    reclaimed_usable_ += page.usable;
+  }
+}
+
+void PageLedger::FinishUnmap(PageId p) {
+  Page& page = pages_[p];
+  ABSL_ASSERT(page.state == PageState::kMapping &&
+              page.landing != Landing::kNone);
+  in_flight_.erase(p);
+  const Landing to = page.landing;
+  page.landing = Landing::kNone;
+  if (to == Landing::kFreeBack) {
+    ChangeState(p, PageState::kFree);
+    free_.PushBack(p, page.usable);
+    return;
+  }
+  --leaving_;
+  ChangeState(p, PageState::kReclaimed);
+  if (to == Landing::kReclaimedFront) {
+    reclaimed_.push_front(p);
+  } else {
+    reclaimed_.push_back(p);
+  }
+}
+
+void PageLedger::AbortUnmap(PageId p) {
+  Page& page = pages_[p];
+  ABSL_ASSERT(page.state == PageState::kMapping &&
+              page.landing != Landing::kNone);
+  in_flight_.erase(p);
+  if (page.landing != Landing::kFreeBack) {
+    --leaving_;
+    reclaimed_usable_ -= page.usable;
+  }
+  page.landing = Landing::kNone;
+  SetFreeBits(p, true);
+  Attach(p);  // -> IDLE
+}
+
+// ---------------------------------------------------------------------------
+// The memory limit's moves
+
+void PageLedger::ReclaimFreeBack() {
+  const internal::FreeList::Entry e = free_.PopBack();
+  ChangeState(e.page, PageState::kReclaimed);
+  reclaimed_.push_front(e.page);
+  reclaimed_usable_ += e.usable;
+}
+
+PageCount PageLedger::AdmitReclaimed(PageCount room) {
+  std::vector<PageId> back;
+  while (!reclaimed_.empty() &&
+         static_cast<int64_t>(back.size()) < room.value()) {
+    back.push_back(reclaimed_.front());
+    reclaimed_.pop_front();
+  }
+  for (auto it = back.rbegin(); it != back.rend(); ++it) {
+    reclaimed_usable_ -= pages_[*it].usable;
+    ChangeState(*it, PageState::kFree);
+    free_.PushFront(*it, pages_[*it].usable);
+  }
+  return PageCount(back.size());
+}
+
+// ---------------------------------------------------------------------------
+// Checking
+
+std::string PageLedger::Check() const {
+  const Geometry& g = *geometry_;
+  const int64_t T = static_cast<int64_t>(pages_.size());
+  std::array<int64_t, kPageStates> by_state = {};
+  int64_t open_free = 0, idle_usable = 0, allocated = 0, reserved = 0;
+  int64_t reclaimed_usable = 0, leaving = 0, maps = 0;
+  for (PageId p = 0; p < T; ++p) {
+    const Page& page = pages_[p];
+    ++by_state[static_cast<int>(page.state)];
+    const BlockRange range = g.range(p);
+    if (page.usable != range.size() || page.begin != range.begin ||
+        page.end != range.end) {
+      return absl::StrCat("page ", p, " usable ", page.usable);
+    }
+    int64_t free_bits = 0, alloc_owned = 0, res_owned = 0;
+    for (BlockId b = range.begin; b < range.end; ++b) {
+      const bool bit = (free_bits_[b >> 6] >> (b & 63)) & 1;
+      free_bits += bit;
+      alloc_owned +=
+          owner_[b] == BlockOwner::kAllocated || owner_[b] == BlockOwner::kNull;
+      res_owned += owner_[b] == BlockOwner::kReserved;
+      if (bit && owner_[b] != BlockOwner::kNone) {
+        return absl::StrCat("block ", b, " is free and owned");
+      }
+    }
+    const bool settled_mapped =
+        IsMapped(page.state) && page.state != PageState::kMapping;
+    if (settled_mapped) {
+      if (page.free + page.allocated + page.reserved != page.usable) {
+        return absl::StrCat("page ", p, " free+allocated+reserved != usable");
+      }
+      if (free_bits != page.free || alloc_owned != page.allocated ||
+          res_owned != page.reserved) {
+        return absl::StrCat("page ", p, " counts disagree with block owners");
+      }
+      const PageState expect =
+          page.allocated + page.reserved == 0
+              ? PageState::kIdle
+              : (page.free == 0 ? PageState::kFull : PageState::kOpen);
+      if (page.state != expect) {
+        return absl::StrCat("page ", p, " state ", PageStateName(page.state),
+                            " expected ", PageStateName(expect));
+      }
+    } else if (page.free != 0 || page.allocated != 0 || page.reserved != 0 ||
+               free_bits != 0 || alloc_owned != 0 || res_owned != 0) {
+      return absl::StrCat("page ", p, " (", PageStateName(page.state),
+                          ") holds blocks");
+    }
+    if (page.state == PageState::kMapping) {
+      if (in_flight_.count(p) == 0) {
+        return absl::StrCat("page ", p, " in flight but not in the set");
+      }
+      if (page.landing == Landing::kNone) {
+        ++maps;
+      } else if (page.landing != Landing::kFreeBack) {
+        ++leaving;
+        reclaimed_usable += page.usable;
+      }
+    } else if (page.landing != Landing::kNone) {
+      return absl::StrCat("page ", p, " has a landing but is not in flight");
+    }
+    if (page.state == PageState::kOpen) open_free += page.free;
+    if (page.state == PageState::kIdle) idle_usable += page.usable;
+    if (page.state == PageState::kReclaimed) reclaimed_usable += page.usable;
+    allocated += page.allocated;
+    reserved += page.reserved;
+  }
+  for (BlockId b = 0; b < g.max_blocks(); ++b) {
+    if (!g.is_usable_block(b) && (owner_[b] != BlockOwner::kNone ||
+                                  ((free_bits_[b >> 6] >> (b & 63)) & 1))) {
+      return absl::StrCat("unusable block ", b, " is in use");
+    }
+  }
+  if (by_state != state_pages_) return "page state counts";
+  if (open_free != open_free_) {
+    return absl::StrCat("open_free ", open_free, " vs ", open_free_);
+  }
+  if (idle_usable != idle_usable_) return "idle_usable";
+  if (reclaimed_usable != reclaimed_usable_) return "reclaimed_usable";
+  if (allocated - null_blocks_ != allocated_) return "allocated";
+  if (reserved != reserved_) return "reserved";
+  if (leaving != leaving_) return "pages in flight to RECLAIMED";
+  if (maps != maps_in_flight_) return "maps in flight";
+  if (static_cast<int64_t>(in_flight_.size()) !=
+      by_state[static_cast<int>(PageState::kMapping)]) {
+    return "in-flight set size";
+  }
+  if (static_cast<int64_t>(open_.size()) !=
+      by_state[static_cast<int>(PageState::kOpen)]) {
+    return "open index size";
+  }
+  for (const auto& [free, p] : open_) {
+    if (pages_[p].state != PageState::kOpen || pages_[p].free != free) {
+      return absl::StrCat("open index entry for page ", p);
+    }
+  }
+  if (static_cast<int64_t>(idle_.size()) !=
+      by_state[static_cast<int>(PageState::kIdle)]) {
+    return "idle list size";
+  }
+  for (PageId p : idle_) {
+    if (pages_[p].state != PageState::kIdle) {
+      return absl::StrCat("idle list page ", p);
+    }
+  }
+  if (static_cast<int64_t>(free_.size()) !=
+      by_state[static_cast<int>(PageState::kFree)]) {
+    return absl::StrCat("free list size ", free_.size(), " vs ",
+                        by_state[static_cast<int>(PageState::kFree)]);
+  }
+  int64_t before = free_.empty() ? 0 : free_[0].before;
+  for (size_t i = 0; i < free_.size(); ++i) {
+    const auto& e = free_[i];
+    if (pages_[e.page].state != PageState::kFree ||
+        e.usable != pages_[e.page].usable || e.before != before) {
+      return absl::StrCat("free list entry ", i);
+    }
+    before += e.usable;
+  }
+  if (static_cast<int64_t>(reclaimed_.size()) !=
+      by_state[static_cast<int>(PageState::kReclaimed)]) {
+    return "reclaimed list size";
+  }
+  for (PageId p : reclaimed_) {
+    if (pages_[p].state != PageState::kReclaimed) {
+      return absl::StrCat("reclaimed list page ", p);
+    }
+  }
+  return "";
+}
+
+}  // namespace kvbroker

@@ -1,0 +1,405 @@
+// PageLedger on its own: the consumption order, exact undo of an in-flight
+// acquisition, unmapping in flight, the limit's moves, and a random walk
+// checked step by step against the reference model (allocator/testing/),
+// which shares no code with the ledger.
+
+#include "allocator/page_ledger.h"
+
+#include <algorithm>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "allocator/geometry.h"
+#include "allocator/testing/reference_model.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker {
+namespace {
+
+using reference::MBlock;
+using reference::MInFlight;
+using reference::ModelConfig;
+using reference::MPage;
+using reference::ReferenceModel;
+
+Geometry MakeGeometry(Bytes page, Bytes block, int64_t n) {
+  PoolConfig c;
+  c.name = "ledger";
+  c.page_size = page;
+  c.block_bytes = block;
+  c.max_blocks = n;
+  absl::StatusOr<Geometry> g = Geometry::Create(c, MiB(2), 1);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return *g;
+}
+
+std::vector<PageId> FreeOrder(const PageLedger& l) {
+  std::vector<PageId> out;
+  for (size_t i = 0; i < l.free_list().size(); ++i) {
+    out.push_back(l.free_list()[i].page);
+  }
+  return out;
+}
+
+std::vector<PageId> IdleOrder(const PageLedger& l) {
+  return std::vector<PageId>(l.idle_list().begin(), l.idle_list().end());
+}
+
+// Maps `k` pages from the front of the FREE list and files them IDLE.
+void MapIdle(PageLedger& l, int64_t k) {
+  for (PageId p : l.BeginMapFront(PageCount(k))) {
+    l.CommitMap(p, BlockCount(0), BlockOwner::kAllocated, nullptr);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Focused cases
+
+TEST(PageLedgerTest, SeedGeometryStartsFreeWithStraddlersUnowned) {
+  // 14 MiB pages, 6 MiB blocks: pages hold {0, 1} and {3}; block 2 straddles.
+  const Geometry g = MakeGeometry(MiB(14), MiB(6), 4);
+  PageLedger l(&g);
+  EXPECT_EQ(l.pages(PageState::kFree), PageCount(2));
+  EXPECT_EQ(l.FreePrefix(PageCount(2)), BlockCount(3));
+  EXPECT_EQ(l.admitted_usable(), BlockCount(3));
+  EXPECT_EQ(l.FreePagesToCover(BlockCount(3)), PageCount(2));
+  EXPECT_EQ(l.FreePagesToCover(BlockCount(4)), PageCount(3));
+  EXPECT_EQ(l.Check(), "");
+}
+
+TEST(PageLedgerTest, OpenBestFitThenIdleFrontFirst) {
+  const Geometry g = MakeGeometry(MiB(2), KiB(512), 32);  // 4 per page
+  PageLedger l(&g);
+  MapIdle(l, 4);  // pages 0..3 IDLE
+  std::vector<BlockId> out;
+  std::vector<PageId> from_idle;
+  l.TakeMapped(BlockCount(3), BlockOwner::kAllocated, &out, &from_idle);
+  EXPECT_EQ(out, (std::vector<BlockId>{0, 1, 2}));  // page 0, now OPEN (1)
+  l.TakeMapped(BlockCount(2), BlockOwner::kAllocated, &out, &from_idle);
+  // OPEN page 0 has 1 free: it does not cover 2, so it is drained first
+  // (most free), then IDLE page 1.
+  EXPECT_EQ(out, (std::vector<BlockId>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(from_idle, (std::vector<PageId>{0, 1}));
+  EXPECT_EQ(l.pages(PageState::kFull), PageCount(1));
+  EXPECT_EQ(l.pages(PageState::kOpen), PageCount(1));
+  EXPECT_EQ(l.open_free(), BlockCount(3));
+  EXPECT_EQ(l.allocated(), BlockCount(5));
+  EXPECT_EQ(IdleOrder(l), (std::vector<PageId>{2, 3}));
+  EXPECT_EQ(l.Check(), "");
+}
+
+TEST(PageLedgerTest, AbortedAcquisitionRestoresEverythingExactly) {
+  const Geometry g = MakeGeometry(MiB(2), KiB(512), 64);  // 16 pages of 4
+  PageLedger l(&g);
+  MapIdle(l, 3);  // 0, 1, 2 IDLE
+  std::vector<BlockId> kept;
+  std::vector<PageId> unused;
+  l.TakeMapped(BlockCount(1), BlockOwner::kAllocated, &kept, &unused);
+  ASSERT_EQ(l.Check(), "");
+  const std::vector<PageId> free_before = FreeOrder(l);
+  const std::vector<PageId> idle_before = IdleOrder(l);
+  const BlockCount open_before = l.open_free();
+
+  // An acquisition of 20 blocks: all 11 mapped ones, then 3 fresh pages.
+  std::vector<BlockId> taken;
+  std::vector<PageId> from_idle;
+  l.TakeMapped(l.mapped_supply(), BlockOwner::kReserved, &taken, &from_idle);
+  std::vector<PageId> fresh = l.BeginMapFront(PageCount(3));
+  EXPECT_EQ(fresh, (std::vector<PageId>{3, 4, 5}));
+  EXPECT_EQ(l.pages(PageState::kMapping), PageCount(3));
+  EXPECT_EQ(l.maps_in_flight(), PageCount(3));
+  EXPECT_EQ(l.mapped_pages(), PageCount(6));
+  EXPECT_EQ(l.mapped_supply(), BlockCount(0));
+  EXPECT_EQ(l.reserved(), BlockCount(11));
+  EXPECT_EQ(l.Check(), "");
+
+  l.AbortMap(fresh);
+  std::sort(taken.begin(), taken.end());
+  EXPECT_TRUE(l.UntakeMapped(taken, from_idle).empty());
+  EXPECT_EQ(FreeOrder(l), free_before);
+  EXPECT_EQ(IdleOrder(l), idle_before);
+  EXPECT_EQ(l.open_free(), open_before);
+  EXPECT_EQ(l.reserved(), BlockCount(0));
+  EXPECT_EQ(l.allocated(), BlockCount(1));
+  EXPECT_EQ(l.Check(), "");
+}
+
+TEST(PageLedgerTest, UnmapInFlightLandsWhereTold) {
+  const Geometry g = MakeGeometry(MiB(2), KiB(512), 32);  // 8 pages of 4
+  PageLedger l(&g);
+  MapIdle(l, 3);                              // 0, 1, 2 IDLE; FREE 3..7
+  l.BeginUnmap(0, Landing::kFreeBack);        // IDLE front
+  l.BeginUnmap(2, Landing::kReclaimedFront);  // IDLE back
+  EXPECT_EQ(l.pages(PageState::kMapping), PageCount(2));
+  EXPECT_EQ(l.maps_in_flight(), PageCount(0));
+  // In flight to FREE still counts against a limit; to RECLAIMED does not.
+  EXPECT_EQ(l.admitted_pages(), PageCount(7));
+  EXPECT_EQ(l.reclaimed_usable(), BlockCount(4));
+  EXPECT_EQ(l.mapped_supply(), BlockCount(4));  // page 1 only
+  EXPECT_EQ(l.Check(), "");
+  l.FinishUnmap(0);
+  l.FinishUnmap(2);
+  EXPECT_EQ(FreeOrder(l), (std::vector<PageId>{3, 4, 5, 6, 7, 0}));
+  EXPECT_EQ(l.reclaimed_list().front(), 2);
+  EXPECT_EQ(l.admitted_pages(), PageCount(7));
+  EXPECT_EQ(l.Check(), "");
+
+  // A failed unmap leaves the page mapped, IDLE at the back.
+  l.BeginUnmap(1, Landing::kReclaimedBack);
+  l.AbortUnmap(1);
+  EXPECT_EQ(IdleOrder(l), (std::vector<PageId>{1}));
+  EXPECT_EQ(l.reclaimed_usable(), BlockCount(4));
+  EXPECT_EQ(l.Check(), "");
+}
+
+TEST(PageLedgerTest, ReclaimFromTheBackAdmitFromTheFrontInOrder) {
+  const Geometry g = MakeGeometry(MiB(2), KiB(512), 24);  // 6 pages
+  PageLedger l(&g);
+  l.ReclaimFreeBack();  // 5
+  l.ReclaimFreeBack();  // 4, in front of 5
+  EXPECT_EQ(FreeOrder(l), (std::vector<PageId>{0, 1, 2, 3}));
+  EXPECT_EQ(l.admitted_pages(), PageCount(4));
+  EXPECT_EQ(l.admitted_usable(), BlockCount(16));
+  EXPECT_EQ(l.AdmitReclaimed(PageCount(5)), PageCount(2));
+  EXPECT_EQ(FreeOrder(l), (std::vector<PageId>{4, 5, 0, 1, 2, 3}));
+  EXPECT_EQ(l.Check(), "");
+}
+
+// ---------------------------------------------------------------------------
+// The ledger against the reference model: a random walk over the moves the
+// pool makes with an ample budget and no limit (the pool's property test
+// covers budgets and limits), including acquisitions held in flight and
+// then committed or aborted.
+
+class LedgerWalk {
+ public:
+  LedgerWalk(uint64_t seed, Bytes page, Bytes block, int64_t n,
+             int64_t max_idle, int64_t min_idle)
+      : rng_(seed),
+        geometry_(MakeGeometry(page, block, n)),
+        ledger_(&geometry_),
+        max_idle_(max_idle),
+        min_idle_(min_idle) {
+    ModelConfig mc;
+    mc.page_size = page.value();
+    mc.block_bytes = block.value();
+    mc.max_blocks = n;
+    mc.min_idle_pages = min_idle;
+    mc.max_idle_pages = max_idle;
+    mc.budget_bundles = geometry_.page_count().value() + 1;  // ample
+    model_ = std::make_unique<ReferenceModel>(mc);
+  }
+
+  std::string Run(int steps) {
+    for (int i = 0; i < steps; ++i) {
+      const int op = Uniform(0, 9);
+      std::string what;
+      if (op < 4) {
+        what = Acquire(/*reserve=*/Uniform(0, 4) == 0);
+      } else if (op < 7) {
+        what = FreeSome();
+      } else if (op < 8) {
+        what = Trim();
+      } else {
+        what = Prealloc();
+      }
+      log_ << "[" << i << "] " << what << "\n";
+      std::string e = Compare();
+      if (what.find("MISMATCH") != std::string::npos) e += what;
+      if (!e.empty()) {
+        return e + "\nafter:\n" + log_.str() + model_->DebugString();
+      }
+    }
+    return "";
+  }
+
+ private:
+  int64_t Uniform(int64_t lo, int64_t hi) {
+    return hi <= lo ? lo : std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+  }
+
+  std::string Acquire(bool reserve) {
+    const int64_t c = model_->AvailableBlocks();
+    const int64_t n = Uniform(0, c);
+    const BlockOwner owner =
+        reserve ? BlockOwner::kReserved : BlockOwner::kAllocated;
+    const MBlock mowner = reserve ? MBlock::kReserved : MBlock::kAllocated;
+    std::vector<BlockId> got;
+    std::vector<PageId> from_idle;
+    if (n <= ledger_.mapped_supply().value()) {
+      ledger_.TakeMapped(BlockCount(n), owner, &got, &from_idle);
+      reference::MOutcome want =
+          reserve && n > 0 ? model_->Reserve(n, Name()) : model_->Alloc(n);
+      if (reserve && n == 0) return "acquire 0";
+      std::sort(got.begin(), got.end());
+      return got == want.ids ? "acquire " + std::to_string(n)
+                             : "MISMATCH acquire ids";
+    }
+    // It maps: hold it in flight, compare, then commit or abort.
+    const BlockCount supply = ledger_.mapped_supply();
+    ledger_.TakeMapped(supply, owner, &got, &from_idle);
+    const int64_t need = n - supply.value();
+    std::vector<PageId> fresh =
+        ledger_.BeginMapFront(ledger_.FreePagesToCover(BlockCount(need)));
+    MInFlight f = model_->BeginAcquire(n, mowner);
+    if (std::string e = Compare(); !e.empty()) return "in flight: " + e;
+    if (Uniform(0, 2) == 0) {
+      ledger_.AbortMap(fresh);
+      std::sort(got.begin(), got.end());
+      if (!ledger_.UntakeMapped(got, from_idle).empty()) {
+        return "MISMATCH: untake emptied a page no other call touched";
+      }
+      model_->AbortAcquire(f);
+      return "acquire " + std::to_string(n) + " in flight, aborted";
+    }
+    int64_t rest = need;
+    for (PageId p : fresh) {
+      rest -= ledger_.CommitMap(p, BlockCount(rest), owner, &got).value();
+    }
+    const std::string id = reserve ? Name() : "";
+    reference::MOutcome want = model_->CommitAcquire(f, id);
+    std::sort(got.begin(), got.end());
+    return got == want.ids && rest == 0
+               ? "acquire " + std::to_string(n) + " in flight, committed"
+               : "MISMATCH committed ids";
+  }
+
+  std::string FreeSome() {
+    std::vector<int64_t> owned = model_->AllocatedIds();
+    std::vector<BlockId> ids;
+    for (int64_t b : owned) {
+      if (Uniform(0, 1)) ids.push_back(b);
+    }
+    // Reservations go back whole, as ReleaseReservation returns them.
+    std::string released;
+    if (ids.empty() && !model_->reservations().empty()) {
+      released = model_->reservations().begin()->first;
+      ids = model_->reservations().begin()->second;
+    }
+    std::sort(ids.begin(), ids.end());
+    std::vector<PageId> emptied = ledger_.ReturnBlocks(ids);
+    for (PageId p : emptied) {
+      if (ledger_.idle_pages_listed().value() < max_idle_) {
+        ledger_.KeepIdle(p);
+      } else {
+        ledger_.BeginUnmap(p, Landing::kFreeBack);
+        ledger_.FinishUnmap(p);
+      }
+    }
+    if (released.empty()) {
+      model_->Free(ids);
+    } else {
+      model_->Release(released);
+    }
+    return "free " + std::to_string(ids.size());
+  }
+
+  std::string Trim() {
+    const int64_t max = Uniform(0, 2);
+    int64_t n = 0;
+    std::vector<PageId> going;
+    while (ledger_.idle_pages_listed().value() > 0 && (max <= 0 || n < max)) {
+      going.push_back(ledger_.idle_list().front());
+      ledger_.BeginUnmap(going.back(), Landing::kFreeBack);
+      ++n;
+    }
+    for (PageId p : going) ledger_.FinishUnmap(p);
+    return model_->Trim(max) == n ? "trim" : "MISMATCH trim count";
+  }
+
+  std::string Prealloc() {
+    const bool ledger_maps = ledger_.idle_pages_listed().value() < min_idle_ &&
+                             ledger_.free_pages().value() > 0;
+    if (ledger_maps) MapIdle(ledger_, 1);
+    return model_->PreallocStep() == ledger_maps ? "prealloc"
+                                                 : "MISMATCH prealloc";
+  }
+
+  std::string Name() { return "r" + std::to_string(next_++); }
+
+  std::string Compare() {
+    std::ostringstream err;
+    if (std::string e = ledger_.Check(); !e.empty()) err << "ledger: " << e;
+    if (std::string e = model_->SelfCheck(); !e.empty()) err << "model: " << e;
+    const ReferenceModel& m = *model_;
+    for (PageId p = 0; p < m.page_count(); ++p) {
+      const PageState s = ledger_.page(p).state;
+      const MPage ms = m.page_state(p);
+      const bool same = (ms == MPage::kFree && s == PageState::kFree) ||
+                        (ms == MPage::kIdle && s == PageState::kIdle) ||
+                        (ms == MPage::kOpen && s == PageState::kOpen) ||
+                        (ms == MPage::kFull && s == PageState::kFull) ||
+                        (ms == MPage::kEmpty && s == PageState::kEmpty) ||
+                        (ms == MPage::kMapping && s == PageState::kMapping);
+      if (!same) {
+        err << "page " << p << ": ledger " << PageStateName(s) << " model "
+            << reference::MPageName(ms) << "; ";
+      }
+    }
+    const int64_t available = ledger_.mapped_supply().value() +
+                              ledger_.FreePrefix(ledger_.free_pages()).value();
+    if (available != m.AvailableBlocks()) {
+      err << "available " << available << " vs " << m.AvailableBlocks() << "; ";
+    }
+    if (ledger_.allocated().value() != m.AllocatedBlocks())
+      err << "allocated; ";
+    if (ledger_.reserved().value() != m.ReservedBlocks()) err << "reserved; ";
+    if (ledger_.mapped_pages().value() != m.MappedPages()) err << "mapped; ";
+    if (IdleOrder(ledger_) !=
+        std::vector<PageId>(m.idle_list().begin(), m.idle_list().end())) {
+      err << "IDLE order; ";
+    }
+    if (FreeOrder(ledger_) !=
+        std::vector<PageId>(m.free_list().begin(), m.free_list().end())) {
+      err << "FREE order; ";
+    }
+    for (BlockId b = 0; b < geometry_.max_blocks(); ++b) {
+      const BlockOwner o = ledger_.owner(b);
+      const MBlock mb = m.block_state(b);
+      const bool owned_same =
+          (o == BlockOwner::kAllocated) == (mb == MBlock::kAllocated) &&
+          (o == BlockOwner::kReserved) == (mb == MBlock::kReserved);
+      if (!owned_same) {
+        err << "block " << b << " owner; ";
+        break;
+      }
+    }
+    return err.str();
+  }
+
+  std::mt19937_64 rng_;
+  const Geometry geometry_;
+  PageLedger ledger_;
+  const int64_t max_idle_;
+  const int64_t min_idle_;
+  std::unique_ptr<ReferenceModel> model_;
+  std::ostringstream log_;
+  int next_ = 1;
+};
+
+TEST(PageLedgerTest, RandomWalksAgreeWithTheReferenceModel) {
+  struct Shape {
+    Bytes page, block;
+    int64_t n;
+  };
+  const Shape shapes[] = {
+      {MiB(2), KiB(512), 64},   // 4 per page
+      {MiB(14), MiB(6), 40},    // straddling blocks
+      {MiB(2), KiB(16), 2000},  // 128 per page: whole bitmap words
+      {MiB(4), KiB(1536), 90},  // 2 or 3 per page
+  };
+  int run = 0;
+  for (const Shape& s : shapes) {
+    for (uint64_t seed = 1; seed <= 15; ++seed, ++run) {
+      LedgerWalk walk(seed * 7919 + run, s.page, s.block, s.n,
+                      /*max_idle=*/seed % 3, /*min_idle=*/seed % 2);
+      const std::string err = walk.Run(150);
+      ASSERT_EQ(err, "") << "shape " << run / 15 << " seed " << seed;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvbroker

@@ -1,0 +1,171 @@
+// The value types of the pool's API: requests, results, snapshots and
+// options. They carry no behaviour; PagePool (page_pool.h) states what each
+// call does with them, and docs/design.md explains the states they report.
+
+#ifndef KVBROKER_ALLOCATOR_POOL_TYPES_H_
+#define KVBROKER_ALLOCATOR_POOL_TYPES_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "allocator/device_budget.h"
+#include "allocator/page_ledger.h"
+#include "allocator/units.h"
+
+namespace kvbroker {
+
+// State of the memory limit (docs/design.md, "Memory limits").
+enum class LimitState { kNone, kApplied, kDeferred };
+// Outcome of one SetMemoryLimit call.
+enum class LimitOutcome { kApplied, kDeferred, kStale, kConflict };
+const char* LimitOutcomeName(LimitOutcome o);
+
+struct LimitInfo {
+  LimitState state = LimitState::kNone;
+  Bytes limit_bytes;       // as requested
+  int64_t revision = -1;   // -1 until the first SetMemoryLimit
+  PageCount target_pages;  // min(floor(limit / (bundle * devices)), T)
+  Bytes effective_bytes;   // target_pages * bundle * devices
+  Bytes overage_bytes;     // max(0, mapped - effective) while DEFERRED
+};
+
+struct PageInfo {
+  PageId page_id = 0;
+  BlockCount usable_blocks;
+  BlockCount free_blocks;
+  BlockCount allocated_blocks;
+  BlockCount reserved_blocks;
+  PageState state = PageState::kFree;
+  // Whether available_blocks counts the page: for FREE pages, whether the
+  // device budget affords it; false for pages in flight (MAPPING).
+  bool counted = true;
+};
+
+struct CapacityQuery {
+  // Return at most this many entries of the per-page list (0: none).
+  int64_t max_pages = 0;
+};
+
+struct CapacitySnapshot {
+  std::string pool;
+  uint64_t generation = 0;
+  BlockCount available_blocks;
+  int64_t available_tokens = 0;
+  BlockCount reserved_blocks;
+  BlockCount allocated_blocks;  // excludes the null block
+  // What the pool could ever hold under its limit (REQUEST_TOO_LARGE bound).
+  BlockCount total_blocks;
+  // pages_mapping: pages in flight (being mapped or unmapped without the
+  // pool lock); counted in mapped_bytes, not in available or allocated.
+  PageCount pages_free, pages_mapping, pages_idle, pages_open, pages_full,
+      pages_reclaimed, pages_empty;
+  // Bundles every device of the pool can still afford.
+  int64_t affordable_bundles = 0;
+  Bytes mapped_bytes;   // over all devices of the pool
+  Bytes virtual_bytes;  // over all devices of the pool
+  std::vector<DeviceBudgetSnapshot> devices;
+  LimitInfo limit;
+  bool healthy = true;
+  std::string failure;  // why the pool is FAILED
+  // Consumption order: OPEN (fewest free first), IDLE, MAPPING, FREE.
+  std::vector<PageInfo> pages;
+};
+
+struct PageBlocks {
+  PageId page_id = 0;
+  std::vector<BlockId> block_ids;  // ascending
+};
+
+struct AllocRequest {
+  int64_t num_blocks = 0;
+  std::string request_id;      // empty: no idempotency
+  std::string reservation_id;  // empty: none
+  std::optional<uint64_t> expected_generation;
+};
+
+struct AllocResult {
+  std::vector<PageBlocks> pages;  // ascending page id
+  int64_t num_blocks = 0;
+  uint64_t generation = 0;
+  bool replayed = false;     // a retry answered from the idempotency window
+  int64_t pages_mapped = 0;  // pages this call mapped
+};
+
+struct FreeRequest {
+  // Viewed, not copied (the RPC layer points it at the request message):
+  // must stay valid until Free returns.
+  absl::Span<const BlockId> block_ids;
+  std::string request_id;
+};
+
+struct FreeResult {
+  int64_t freed_blocks = 0;
+  int64_t pages_unmapped = 0;
+  uint64_t generation = 0;
+  bool replayed = false;
+};
+
+struct ReserveRequest {
+  int64_t num_blocks = 0;
+  absl::Duration ttl = absl::Seconds(30);
+  std::string request_id;
+};
+
+struct ReservationInfo {
+  std::string reservation_id;
+  std::vector<PageBlocks> pages;
+  int64_t num_blocks = 0;
+  absl::Time expires;
+  uint64_t generation = 0;
+  bool replayed = false;
+};
+
+struct ReleaseResult {
+  int64_t released_blocks = 0;
+  uint64_t generation = 0;
+};
+
+struct LimitResult {
+  LimitOutcome outcome = LimitOutcome::kApplied;
+  LimitInfo limit;
+  Bytes mapped_bytes;
+  uint64_t generation = 0;
+};
+
+struct TrimResult {
+  int64_t pages_unmapped = 0;
+  uint64_t generation = 0;
+};
+
+struct PageOccupancy {
+  PageId page_id = 0;
+  BlockCount usable_blocks;
+  BlockCount allocated_blocks;
+  BlockCount reserved_blocks;
+  PageState state = PageState::kFree;
+};
+
+struct PoolOptions {
+  int64_t min_idle_pages = 5;
+  int64_t max_idle_pages = 10;
+  // Retries of the same request_id are answered from memory for this long,
+  // for at most this many request ids per pool.
+  absl::Duration idempotency_window = absl::Minutes(10);
+  int64_t idempotency_capacity = 65536;
+  // Expired reservation ids remembered (RESERVATION_EXPIRED vs NOT_FOUND).
+  int64_t expired_reservations_remembered = 65536;
+  // Called (without any pool lock held) after the pool's generation changed.
+  std::function<void(const std::string& pool)> on_change;
+  // Called (without any pool lock held) after a call left the pool below
+  // min_idle_pages with pages it could map: wake the prealloc worker.
+  std::function<void()> on_prealloc_needed;
+};
+
+}  // namespace kvbroker
+
+#endif  // KVBROKER_ALLOCATOR_POOL_TYPES_H_

@@ -1,0 +1,224 @@
+// same_pool_bench: how much a mapping Alloc slows the other callers of the
+// same pool (host or CUDA backend, chosen as in mapping_bench).
+//
+// Pool X has 2 MiB pages of 32 blocks. A keeper holds 16 blocks of page 0
+// all along; the measured loop holds the other 16 between its calls, so page
+// 0 is FULL whenever the mapper looks and the measured calls do not map:
+//   measured  a loop that alternates Capacity() and Free of its 16 blocks +
+//             Alloc(16) (served from page 0 again); p50 / p99 of each;
+//   mapper    a second thread that runs Alloc(64 pages' worth of blocks),
+//             which maps 64 fresh pages into pool X, then Frees them (they
+//             stay IDLE) and Trims them (unmapped again), over and over.
+// Should the mapper's Alloc land in the few microseconds between the
+// measured Free and Alloc, it takes page 0's blocks and the measured Alloc
+// maps a page; such iterations are counted and reported.
+// The measured loop pauses --interval_us between iterations, so that its
+// calls arrive at moments spread over the mapper's cycle: a call that lands
+// while the mapper holds the pool lock waits for it. (Back to back, one slow
+// call per held lock would be outnumbered by thousands of fast ones and stay
+// below the p99.)
+// Phases: idle (no mapper) for half the time, busy (mapper running) for the
+// full time, idle again for half; the two idle halves are pooled, so drift
+// hits idle and busy alike. The last lines are the ratios the project tracks:
+// busy p99 / idle p99 for Capacity and for Alloc(16)+Free (target <= 1.2).
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "allocator/cuda_backend.h"
+#include "allocator/device_budget.h"
+#include "allocator/host_backend.h"
+#include "allocator/page_pool.h"
+
+ABSL_FLAG(std::string, backend, "host", "host or cuda");
+ABSL_FLAG(double, seconds, 4, "seconds of the busy phase (idle: as long)");
+ABSL_FLAG(int, map_pages, 64, "pages each of the mapper's Alloc calls maps");
+ABSL_FLAG(int, interval_us, 50, "schedule of the measured loop");
+
+namespace kvbroker {
+namespace {
+
+constexpr int64_t kBlocksPerPage = 32;
+
+double Percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
+  return v[i];
+}
+
+std::vector<BlockId> Ids(const AllocResult& r) {
+  std::vector<BlockId> out;
+  for (const auto& pb : r.pages) {
+    out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
+  }
+  return out;
+}
+
+[[noreturn]] void Die(const absl::Status& s, const char* what) {
+  std::fprintf(stderr, "same_pool_bench: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+struct Samples {
+  std::vector<double> capacity_us;
+  std::vector<double> alloc_free_us;
+  void Append(const Samples& o) {
+    capacity_us.insert(capacity_us.end(), o.capacity_us.begin(),
+                       o.capacity_us.end());
+    alloc_free_us.insert(alloc_free_us.end(), o.alloc_free_us.begin(),
+                         o.alloc_free_us.end());
+  }
+};
+
+Samples Measure(PagePool* pool, double seconds, std::vector<BlockId>* held,
+                int64_t* mapped_iterations) {
+  Samples s;
+  s.capacity_us.reserve(1 << 20);
+  s.alloc_free_us.reserve(1 << 20);
+  const absl::Duration interval =
+      absl::Microseconds(absl::GetFlag(FLAGS_interval_us));
+  const absl::Time end = absl::Now() + absl::Seconds(seconds);
+  // Capacity and Free + Alloc(16) take turns, each after its own pause.
+  bool capacity_turn = true;
+  for (absl::Time t0 = absl::Now(); t0 < end; t0 = absl::Now()) {
+    if (capacity_turn) {
+      absl::StatusOr<CapacitySnapshot> c = pool->Capacity();
+      if (!c.ok()) Die(c.status(), "capacity");
+      s.capacity_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    } else {
+      absl::StatusOr<FreeResult> f = pool->Free({*held, ""});
+      if (!f.ok()) Die(f.status(), "free");
+      absl::StatusOr<AllocResult> r = pool->Alloc({16, "", "", {}});
+      if (!r.ok()) Die(r.status(), "alloc(16)");
+      s.alloc_free_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+      if (r->pages_mapped != 0) ++*mapped_iterations;
+      *held = Ids(*r);
+    }
+    capacity_turn = !capacity_turn;
+    for (const absl::Time next = absl::Now() + interval; absl::Now() < next;) {
+    }
+  }
+  return s;
+}
+
+int Main() {
+  std::unique_ptr<Backend> backend;
+  std::string device = "host";
+  if (absl::GetFlag(FLAGS_backend) == "cuda") {
+    auto cuda = CudaBackend::Create();
+    if (!cuda.ok()) Die(cuda.status(), "cuda backend");
+    device = absl::StrFormat("%s, driver %d", (*cuda)->device_name(0),
+                             (*cuda)->driver_version());
+    backend = *std::move(cuda);
+  } else {
+    backend = std::make_unique<HostBackend>(
+        HostBackendOptions{1, Bytes(int64_t{1} << 40), MiB(2)});
+  }
+  DeviceBudgets budgets(backend.get(), 0.95);
+  if (auto s = budgets.Init(); !s.ok()) Die(s, "budgets");
+  ManualClock clock;
+  const int64_t map_pages = absl::GetFlag(FLAGS_map_pages);
+
+  // Page 0 for the measured calls, map_pages more for the mapper, and a
+  // spare that the measured Alloc maps should the mapper take page 0's
+  // blocks in the window between the measured Free and Alloc.
+  PoolConfig pc;
+  pc.name = "x";
+  pc.page_size = MiB(2);
+  pc.block_bytes = Bytes(MiB(2).value() / kBlocksPerPage);
+  pc.max_blocks = (map_pages + 2) * kBlocksPerPage;
+  PoolOptions po;
+  po.min_idle_pages = 0;
+  po.max_idle_pages = map_pages;
+  auto pool_or = PagePool::Create(pc, backend.get(), &budgets, &clock, po);
+  if (!pool_or.ok()) Die(pool_or.status(), "pool");
+  PagePool* pool = pool_or->get();
+  absl::StatusOr<AllocResult> keeper = pool->Alloc({16, "", "", {}});
+  if (!keeper.ok()) Die(keeper.status(), "keeper");
+  absl::StatusOr<AllocResult> first = pool->Alloc({16, "", "", {}});
+  if (!first.ok()) Die(first.status(), "first alloc(16)");
+  std::vector<BlockId> held = Ids(*first);
+  int64_t idle_mapped = 0, busy_mapped = 0;
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> mapper_calls{0};
+  std::atomic<int64_t> mapper_pages{0};
+  auto mapper = [&] {
+    const int64_t n = map_pages * kBlocksPerPage;
+    while (!stop.load()) {
+      absl::StatusOr<AllocResult> r = pool->Alloc({n, "", "", {}});
+      if (!r.ok()) Die(r.status(), "mapper alloc");
+      mapper_pages += r->pages_mapped;
+      absl::StatusOr<FreeResult> f = pool->Free({Ids(*r), ""});
+      if (!f.ok()) Die(f.status(), "mapper free");
+      absl::StatusOr<TrimResult> t = pool->Trim();
+      if (!t.ok()) Die(t.status(), "mapper trim");
+      ++mapper_calls;
+    }
+  };
+
+  const double secs = absl::GetFlag(FLAGS_seconds);
+  Measure(pool, 0.2, &held, &idle_mapped);  // warm-up
+  idle_mapped = 0;
+  Samples idle = Measure(pool, secs / 2, &held, &idle_mapped);
+  std::thread busy_thread(mapper);
+  Samples busy = Measure(pool, secs, &held, &busy_mapped);
+  stop = true;
+  busy_thread.join();
+  idle.Append(Measure(pool, secs / 2, &held, &idle_mapped));
+
+  std::printf(
+      "\nsame_pool_bench on %s: pool of %lld 2 MiB pages, mapper "
+      "Alloc maps %lld pages\n",
+      device.c_str(), static_cast<long long>(map_pages + 2),
+      static_cast<long long>(map_pages));
+  std::printf(
+      "%-34s %10.1f calls/s (%lld calls, %.1f pages each)\n",
+      "mapper Alloc+Free+Trim", mapper_calls.load() / secs,
+      static_cast<long long>(mapper_calls.load()),
+      mapper_calls.load() > 0
+          ? static_cast<double>(mapper_pages.load()) / mapper_calls.load()
+          : 0.0);
+  std::printf(
+      "%-34s %10lld idle, %lld busy\n", "measured iterations that mapped",
+      static_cast<long long>(idle_mapped), static_cast<long long>(busy_mapped));
+  std::printf("%-34s %10.2f / %.2f us (%zu calls)\n", "capacity idle p50 / p99",
+              Percentile(idle.capacity_us, 0.5),
+              Percentile(idle.capacity_us, 0.99), idle.capacity_us.size());
+  std::printf("%-34s %10.2f / %.2f us (%zu calls)\n", "capacity busy p50 / p99",
+              Percentile(busy.capacity_us, 0.5),
+              Percentile(busy.capacity_us, 0.99), busy.capacity_us.size());
+  std::printf("%-34s %10.2f / %.2f us\n", "free+alloc(16) idle p50 / p99",
+              Percentile(idle.alloc_free_us, 0.5),
+              Percentile(idle.alloc_free_us, 0.99));
+  std::printf("%-34s %10.2f / %.2f us\n", "free+alloc(16) busy p50 / p99",
+              Percentile(busy.alloc_free_us, 0.5),
+              Percentile(busy.alloc_free_us, 0.99));
+  std::printf(
+      "%-34s %10.3f x\n", "capacity busy/idle p99 (<= 1.2)",
+      Percentile(busy.capacity_us, 0.99) / Percentile(idle.capacity_us, 0.99));
+  std::printf("%-34s %10.3f x\n", "alloc+free busy/idle p99 (<= 1.2)",
+              Percentile(busy.alloc_free_us, 0.99) /
+                  Percentile(idle.alloc_free_us, 0.99));
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvbroker
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return kvbroker::Main();
+}
