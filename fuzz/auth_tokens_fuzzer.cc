@@ -1,0 +1,114 @@
+// Fuzz driver: the --auth_tokens file, from bytes to access decisions.
+//
+// kvbrokerd reads the file as a kvbroker.v1.AuthTokensFile in text format
+// and validates it with AccessPolicy::Create. This driver does the same,
+// then, for a policy that was accepted, requires that:
+//   - every entry's token authenticates, as that entry, in an
+//     "authorization: Bearer <token>" header;
+//   - the entry is allowed exactly its pools (and every pool with "*"),
+//     and refused others with a typed PERMISSION_DENIED;
+//   - headers built from the rest of the input authenticate only when they
+//     carry one of the file's tokens, and are otherwise refused with a typed
+//     UNAUTHENTICATED;
+// and, for a refused file, that the refusal is typed and does not quote any
+// token (error messages name entries, never secrets).
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/failure.h"
+#include "fuzz/text_parse.h"
+#include "proto/kvbroker/v1/kvbroker.pb.h"
+#include "server/access.h"
+
+namespace {
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "auth_tokens_fuzzer: %s\n", what.c_str());
+  std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace kvbroker;  // NOLINT: a driver's entry point
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  // The file is everything before the first form feed; what follows are
+  // authorization headers to try, one per line.
+  const size_t split = text.find('\f');
+  v1::AuthTokensFile file;
+  if (!fuzz::ParseText(text.substr(0, split), &file)) return 0;
+  absl::StatusOr<AccessPolicy> policy = AccessPolicy::Create(file);
+  if (!policy.ok()) {
+    if (policy.status().code() != absl::StatusCode::kInvalidArgument) {
+      Die("a refused file without INVALID_ARGUMENT: " +
+          policy.status().ToString());
+    }
+    for (const v1::AuthToken& t : file.tokens()) {
+      if (t.token().size() < AccessPolicy::kMinTokenLength) continue;
+      bool public_text = false;
+      for (const v1::AuthToken& u : file.tokens()) {
+        if (absl::StrContains(u.name(), t.token())) public_text = true;
+        for (const std::string& p : u.pools()) {
+          if (absl::StrContains(p, t.token())) public_text = true;
+        }
+      }
+      if (!public_text &&
+          absl::StrContains(policy.status().ToString(), t.token())) {
+        Die("the refusal quotes a token: " + policy.status().ToString());
+      }
+    }
+    return 0;
+  }
+  for (const v1::AuthToken& t : file.tokens()) {
+    absl::StatusOr<const AccessPolicy::Grant*> grant =
+        policy->Authenticate("Bearer " + t.token());
+    if (!grant.ok() || (*grant)->name != t.name()) {
+      Die("entry " + t.name() + " does not authenticate with its own token");
+    }
+    bool all = false;
+    for (const std::string& p : t.pools()) {
+      if (p == "*") all = true;
+      if (!AccessPolicy::Authorize(**grant, p, "Alloc").ok()) {
+        Die("entry " + t.name() + " refused its own pool " + p);
+      }
+    }
+    const std::string other = "pool-not-in-any-entry\x01";
+    absl::Status s = AccessPolicy::Authorize(**grant, other, "Alloc");
+    if (s.ok() != all) Die("entry " + t.name() + ": wrong answer for a pool");
+    if (!s.ok() && GetReason(s) != FailureReason::kPermissionDenied) {
+      Die("authorization refused untyped: " + s.ToString());
+    }
+    if (AccessPolicy::AuthorizeCreate(**grant, other).ok() != all) {
+      Die("entry " + t.name() + ": wrong answer for CreatePool");
+    }
+  }
+  if (split == std::string::npos) return 0;
+  size_t pos = split + 1;
+  while (pos <= text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string header = text.substr(pos, end - pos);
+    pos = end + 1;
+    absl::StatusOr<const AccessPolicy::Grant*> grant =
+        policy->Authenticate(header);
+    if (!grant.ok()) {
+      if (GetReason(grant.status()) != FailureReason::kUnauthenticated) {
+        Die("authentication refused untyped: " + grant.status().ToString());
+      }
+      continue;
+    }
+    bool carries = false;
+    for (const v1::AuthToken& t : file.tokens()) {
+      if (t.name() == (*grant)->name && absl::StrContains(header, t.token())) {
+        carries = true;
+      }
+    }
+    if (!carries) Die("a header without the entry's token authenticated");
+  }
+  return 0;
+}
