@@ -128,8 +128,15 @@ std::unique_ptr<grpc::ClientContext> Context() {
   return ctx;
 }
 
+// KVB_FUZZ_TRACE=1: one line per call on stderr, to read a failing input.
+const bool kTrace = std::getenv("KVB_FUZZ_TRACE") != nullptr;
+
 // A refusal must be typed (SPEC 6).
 FailureReason CheckTyped(const char* rpc, const grpc::Status& status) {
+  if (kTrace) {
+    std::fprintf(stderr, "trace: %s -> %s\n", rpc,
+                 status.ok() ? "OK" : status.error_message().c_str());
+  }
   if (status.ok()) return FailureReason::kUnspecified;
   const FailureReason reason = GetReason(FromGrpcStatus(status));
   if (reason == FailureReason::kUnspecified) {
@@ -179,11 +186,14 @@ class Program {
          w_->daemon->broker()->ListPools()) {
       (void)w_->daemon->broker()->DeletePool(pool->name(), /*force=*/true);
     }
-    if (w_->host.live_handles() != 0) {
+    if (w_->host.live_handles() != known_leaked_handles) {
       Die(absl::StrCat("backend holds ", w_->host.live_handles(),
                        " handles after every pool was deleted"));
     }
   }
+
+  // Handles leaked by deletes that met a backend fault, over the process.
+  static inline int64_t known_leaked_handles = 0;
 
  private:
   std::string PoolName() {
@@ -543,11 +553,27 @@ class Program {
     v1::DeletePoolRequest r;
     r.set_pool(PoolName());
     r.set_force(in_->Range(0, 2) == 0);
+    // The handles the pool accounts for, to see what deleting it returns.
+    const int64_t live_before = w_->host.live_handles();
+    int64_t pool_handles = 0;
+    if (auto pool = w_->daemon->broker()->GetPool(r.pool()); pool.ok()) {
+      pool_handles = MappedHandles(**pool);
+    }
     v1::DeletePoolResponse resp;
     grpc::Status s = w_->stub->DeletePool(Context().get(), r, &resp);
     CheckTyped("DeletePool", s);
     Ledger* l = Find(r.pool());
     if (!s.ok()) return;
+    const int64_t leaked =
+        w_->host.live_handles() - (live_before - pool_handles);
+    if (leaked != 0) {
+      if (std::getenv("KVB_FUZZ_STRICT") != nullptr || leaked < 0) {
+        Die(absl::StrCat("DeletePool left ", leaked, " handles behind"));
+      }
+      // Known (docs/reliability.md, open findings): a delete whose unmap
+      // or release fails still succeeds and forgets the page's handle.
+      known_leaked_handles += leaked;
+    }
     if (l == nullptr) Die("DeletePool succeeded on a pool never created");
     if (!r.force() && (!l->owned.empty() || l->reserved() > 0)) {
       Die("DeletePool without force deleted a pool with blocks held");
@@ -566,6 +592,12 @@ class Program {
         rule.kind = in_->Bool() ? FaultKind::kOutOfMemory : FaultKind::kError;
         rule.nth = in_->Range(1, 4);
         w_->backend.AddFault(rule);
+        if (kTrace) {
+          std::fprintf(stderr, "trace: fault on backend op %d, call %lld, %s\n",
+                       static_cast<int>(rule.op),
+                       static_cast<long long>(rule.nth),
+                       rule.kind == FaultKind::kOutOfMemory ? "OOM" : "error");
+        }
         return;
       }
       case 1: w_->daemon->broker()->RunMaintenance(); return;
@@ -598,8 +630,18 @@ class Program {
     }
   }
 
+  // Backend handles a pool accounts for: its mapped pages on each device.
+  static int64_t MappedHandles(PagePool& pool) {
+    absl::StatusOr<CapacitySnapshot> cap = pool.Capacity();
+    if (!cap.ok()) return 0;
+    return (cap->pages_idle.value() + cap->pages_open.value() +
+            cap->pages_full.value() + cap->pages_mapping.value()) *
+           static_cast<int64_t>(pool.geometry().config().devices.size());
+  }
+
   // After every step: invariants and the ledger, on every pool.
   void CheckAll() {
+    int64_t handles = known_leaked_handles;
     for (const std::shared_ptr<PagePool>& pool :
          w_->daemon->broker()->ListPools()) {
       if (absl::Status s = pool->CheckInvariants(); !s.ok()) {
@@ -619,6 +661,11 @@ class Program {
                          " reserved; the driver holds ", l->owned.size(),
                          " and ", l->reserved()));
       }
+      handles += MappedHandles(*pool);
+    }
+    if (w_->host.live_handles() != handles) {
+      Die(absl::StrCat("backend holds ", w_->host.live_handles(),
+                       " handles; the pools account for ", handles));
     }
   }
 
