@@ -131,8 +131,25 @@ std::unique_ptr<grpc::ClientContext> Context() {
 // KVB_FUZZ_TRACE=1: one line per call on stderr, to read a failing input.
 const bool kTrace = std::getenv("KVB_FUZZ_TRACE") != nullptr;
 
+// Calls made and refused, per RPC, over the process; printed at exit so
+// that a campaign can say how many requests each RPC received.
+struct RpcCounts {
+  std::map<std::string, std::pair<int64_t, int64_t>> calls;
+  ~RpcCounts() {
+    for (const auto& [rpc, n] : calls) {
+      std::fprintf(stderr, "rpc_count: %s %lld calls, %lld refused\n",
+                   rpc.c_str(), static_cast<long long>(n.first),
+                   static_cast<long long>(n.second));
+    }
+  }
+};
+RpcCounts rpc_counts;
+
 // A refusal must be typed (SPEC 6).
 FailureReason CheckTyped(const char* rpc, const grpc::Status& status) {
+  auto& count = rpc_counts.calls[rpc];
+  ++count.first;
+  count.second += !status.ok();
   if (kTrace) {
     std::fprintf(stderr, "trace: %s -> %s\n", rpc,
                  status.ok() ? "OK" : status.error_message().c_str());
@@ -620,7 +637,11 @@ class Program {
           Die("WatchCapacity's first snapshot disagrees with the pools "
               "created");
         }
-        if (!got) CheckTyped("WatchCapacity", s);
+        if (got) {
+          ++rpc_counts.calls["WatchCapacity"].first;
+        } else {
+          CheckTyped("WatchCapacity", s);
+        }
         return;
       }
       case 3: {  // Alloc a few blocks from a reservation and check the rest
