@@ -130,12 +130,21 @@ std::unique_ptr<grpc::ClientContext> Context() {
 
 // KVB_FUZZ_TRACE=1: one line per call on stderr, to read a failing input.
 const bool kTrace = std::getenv("KVB_FUZZ_TRACE") != nullptr;
+// KVB_FUZZ_STRICT=1: the known defects of docs/reliability.md fail too.
+const bool kStrict = std::getenv("KVB_FUZZ_STRICT") != nullptr;
 
 // Calls made and refused, per RPC, over the process; printed at exit so
 // that a campaign can say how many requests each RPC received.
 struct RpcCounts {
   std::map<std::string, std::pair<int64_t, int64_t>> calls;
+  // Inputs that met a known, documented defect (tolerated unless
+  // KVB_FUZZ_STRICT is set).
+  std::map<std::string, int64_t> known;
   ~RpcCounts() {
+    for (const auto& [what, n] : known) {
+      std::fprintf(stderr, "known_finding: %s: %lld inputs\n", what.c_str(),
+                   static_cast<long long>(n));
+    }
     for (const auto& [rpc, n] : calls) {
       std::fprintf(stderr, "rpc_count: %s %lld calls, %lld refused\n",
                    rpc.c_str(), static_cast<long long>(n.first),
@@ -203,9 +212,17 @@ class Program {
          w_->daemon->broker()->ListPools()) {
       (void)w_->daemon->broker()->DeletePool(pool->name(), /*force=*/true);
     }
-    if (w_->host.live_handles() != known_leaked_handles) {
-      Die(absl::StrCat("backend holds ", w_->host.live_handles(),
-                       " handles after every pool was deleted"));
+    const int64_t extra = w_->host.live_handles() - known_leaked_handles;
+    if (extra != 0) {
+      if (extra < 0 || !saw_failed_pool_ || kStrict) {
+        Die(absl::StrCat("backend holds ", extra,
+                         " handles no pool accounts for after every pool "
+                         "was deleted"));
+      }
+      // Known (docs/reliability.md, open findings): a pool that FAILED
+      // because a rollback's unmap failed forgets that page's handles.
+      known_leaked_handles += extra;
+      ++rpc_counts.known["handles left by a FAILED pool's rollback"];
     }
   }
 
@@ -584,12 +601,13 @@ class Program {
     const int64_t leaked =
         w_->host.live_handles() - (live_before - pool_handles);
     if (leaked != 0) {
-      if (std::getenv("KVB_FUZZ_STRICT") != nullptr || leaked < 0) {
+      if (kStrict || leaked < 0) {
         Die(absl::StrCat("DeletePool left ", leaked, " handles behind"));
       }
       // Known (docs/reliability.md, open findings): a delete whose unmap
       // or release fails still succeeds and forgets the page's handle.
       known_leaked_handles += leaked;
+      ++rpc_counts.known["handles left by a delete that met a fault"];
     }
     if (l == nullptr) Die("DeletePool succeeded on a pool never created");
     if (!r.force() && (!l->owned.empty() || l->reserved() > 0)) {
@@ -663,6 +681,7 @@ class Program {
   // After every step: invariants and the ledger, on every pool.
   void CheckAll() {
     int64_t handles = known_leaked_handles;
+    bool all_healthy = true;
     for (const std::shared_ptr<PagePool>& pool :
          w_->daemon->broker()->ListPools()) {
       if (absl::Status s = pool->CheckInvariants(); !s.ok()) {
@@ -683,8 +702,12 @@ class Program {
                          " and ", l->reserved()));
       }
       handles += MappedHandles(*pool);
+      all_healthy &= pool->healthy();
+      saw_failed_pool_ |= !pool->healthy();
     }
-    if (w_->host.live_handles() != handles) {
+    // A FAILED pool may hold handles of a rollback it could not finish
+    // outside its page counts; Cleanup checks that deleting it returns them.
+    if (all_healthy && w_->host.live_handles() != handles) {
       Die(absl::StrCat("backend holds ", w_->host.live_handles(),
                        " handles; the pools account for ", handles));
     }
@@ -693,6 +716,7 @@ class Program {
   World* const w_;
   ByteReader* const in_;
   std::map<std::string, Ledger> ledgers_;
+  bool saw_failed_pool_ = false;
   int64_t revision_ = 0;
 };
 
