@@ -16,5 +16,5 @@ artifacts=${TEST_UNDECLARED_OUTPUTS_DIR:-${TEST_TMPDIR:-/tmp}}
 mkdir -p "$scratch" "$artifacts"
 [[ -d $seeds ]] || { echo "no seed corpus at $seeds" >&2; exit 1; }
 echo "$(basename "$driver"): $seconds s from $(ls "$seeds" | wc -l) seeds"
-exec "$driver" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+exec "$driver" -max_total_time="$seconds" -timeout=60 -rss_limit_mb=2048 \
   -print_final_stats=1 -artifact_prefix="$artifacts/" "$@" "$scratch" "$seeds"
