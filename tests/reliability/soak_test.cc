@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -133,23 +134,46 @@ class Daemon {
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     // A small quarantine keeps an ASan-built daemon's RSS about its heap.
-    std::string asan = "quarantine_size_mb=16";
-    if (const char* o = std::getenv("ASAN_OPTIONS"))
-      asan = absl::StrCat(o, ":", asan);
+    // The environment is built before fork: the child only execs.
+    std::string asan = "ASAN_OPTIONS=quarantine_size_mb=16";
+    if (const char* o = std::getenv("ASAN_OPTIONS")) {
+      absl::StrAppend(&asan, ":", o);
+    }
+    std::vector<char*> envp;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "ASAN_OPTIONS=", 13) != 0) envp.push_back(*e);
+    }
+    envp.push_back(asan.data());
+    envp.push_back(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
-      setenv("ASAN_OPTIONS", asan.c_str(), 1);
       dup2(out[1], STDOUT_FILENO);
       close(out[0]);
       close(out[1]);
-      execv(argv[0], argv.data());
+      execve(argv[0], argv.data(), envp.data());
+      static const char kFailed[] = "soak_test: cannot exec kvbrokerd\n";
+      (void)!write(STDERR_FILENO, kFailed, sizeof(kFailed) - 1);
       _exit(127);
     }
     close(out[1]);
     stdout_ = out[0];
     std::string line;
     char ch;
-    while (read(stdout_, &ch, 1) == 1 && ch != '\n') line.push_back(ch);
+    for (;;) {
+      const ssize_t n = read(stdout_, &ch, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != 1 || ch == '\n') break;
+      line.push_back(ch);
+    }
+    if (line.empty() && pid_ > 0) {
+      int status = 0;
+      const pid_t done = waitpid(pid_, &status, 0);
+      line = absl::StrCat("no start-up line; kvbrokerd ",
+                          done == pid_ && WIFEXITED(status)
+                              ? absl::StrCat("exited ", WEXITSTATUS(status))
+                              : absl::StrCat("ended with status ", status));
+      if (done == pid_) pid_ = -1;
+    }
     // "... serving kvbroker.v1.KvBroker on 127.0.0.1:PORT and unix:..."
     const size_t at = line.find(" on 127.0.0.1:");
     if (at != std::string::npos) {
