@@ -113,8 +113,9 @@ Daemon* TheDaemon() {
 }
 
 // Sends `bytes` on a new connection, half-closes, and returns what came back
-// until the server closed or 2 s of silence passed.
-std::string Exchange(int port, const std::string& bytes) {
+// until the server closed or `silence_ms` passed without a byte.
+std::string Exchange(int port, const std::string& bytes,
+                     int silence_ms = 2000) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) Die("socket");
   sockaddr_in addr = {};
@@ -134,7 +135,7 @@ std::string Exchange(int port, const std::string& bytes) {
     char buf[4096];
     for (;;) {
       pollfd p = {fd, POLLIN, 0};
-      if (poll(&p, 1, 2000) <= 0) break;
+      if (poll(&p, 1, silence_ms) <= 0) break;
       const ssize_t n = read(fd, buf, sizeof(buf));
       if (n <= 0) break;
       reply.append(buf, static_cast<size_t>(n));
@@ -152,8 +153,14 @@ void CheckAlive(Daemon* d) {
   }
 }
 
+// A machine busy with other work may starve the daemon for seconds, so a
+// silent answer is retried (a dead or wedged listener stays silent).
 void CheckServes(Daemon* d) {
-  const std::string reply = Exchange(d->port, "GET /metrics HTTP/1.0\r\n\r\n");
+  std::string reply;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    reply = Exchange(d->port, "GET /metrics HTTP/1.0\r\n\r\n", 20000);
+    if (!reply.empty()) break;
+  }
   if (!absl::StartsWith(reply, "HTTP/1.") ||
       !absl::StrContains(reply.substr(0, 32), " 200") ||
       !absl::StrContains(reply, "kvbroker_")) {
