@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
+#include "common/error_keys.h"
 
 namespace kvbroker {
 namespace {
@@ -113,9 +114,9 @@ absl::Status AccessPolicy::Authorize(const Grant& grant, absl::string_view pool,
   return MakeFailure(FailureReason::kPermissionDenied,
                      absl::StrCat("token ", grant.name, " may not use pool ",
                                   pool, " (", method, ")"),
-                     {{"pool", std::string(pool)},
-                      {"token_name", grant.name},
-                      {"method", std::string(method)}});
+                     {{std::string(error_key::kPool), std::string(pool)},
+                      {std::string(error_key::kTokenName), grant.name},
+                      {std::string(error_key::kMethod), std::string(method)}});
 }
 
 absl::Status AccessPolicy::AuthorizeCreate(const Grant& grant,
@@ -125,8 +126,8 @@ absl::Status AccessPolicy::AuthorizeCreate(const Grant& grant,
                      absl::StrCat("token ", grant.name,
                                   " may not create pools (only a token "
                                   "granted \"*\" may)"),
-                     {{"pool", std::string(pool)},
-                      {"token_name", grant.name},
+                     {{std::string(error_key::kPool), std::string(pool)},
+                      {std::string(error_key::kTokenName), grant.name},
                       {"method", "CreatePool"}});
 }
 
