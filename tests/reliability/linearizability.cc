@@ -1,0 +1,280 @@
+#include "tests/reliability/linearizability.h"
+
+#include <algorithm>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kvbroker {
+namespace lin {
+
+using reference::MLimitResult;
+using reference::MOutcome;
+
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAlloc: return "Alloc";
+    case OpKind::kFree: return "Free";
+    case OpKind::kReserve: return "Reserve";
+    case OpKind::kRelease: return "ReleaseReservation";
+    case OpKind::kSetMemoryLimit: return "SetMemoryLimit";
+    case OpKind::kCapacity: return "Capacity";
+  }
+  return "?";
+}
+
+std::string Operation::DebugString() const {
+  std::string args;
+  switch (kind) {
+    case OpKind::kAlloc:
+      args = absl::StrCat(num_blocks, reservation_id.empty() ? "" : " from ",
+                          reservation_id);
+      break;
+    case OpKind::kFree: args = absl::StrJoin(block_ids, " "); break;
+    case OpKind::kReserve: args = absl::StrCat(num_blocks); break;
+    case OpKind::kRelease: args = reservation_id; break;
+    case OpKind::kSetMemoryLimit:
+      args = absl::StrCat(limit_bytes, " rev ", revision);
+      break;
+    case OpKind::kCapacity: break;
+  }
+  std::string out;
+  if (!ok()) {
+    out = std::string(ReasonName(reason));
+  } else {
+    switch (kind) {
+      case OpKind::kAlloc:
+        out = absl::StrCat("[", absl::StrJoin(result_ids, " "), "]");
+        break;
+      case OpKind::kReserve:
+        out = absl::StrCat(result_reservation, " [",
+                           absl::StrJoin(result_ids, " "), "]");
+        break;
+      case OpKind::kRelease: out = absl::StrCat(result_count, " blocks"); break;
+      case OpKind::kSetMemoryLimit:
+        out = absl::StrCat("outcome ", static_cast<int>(limit_outcome),
+                           " target ", target_pages);
+        break;
+      case OpKind::kCapacity:
+        out = absl::StrCat("available ", available_blocks, " allocated ",
+                           allocated_blocks, " reserved ", reserved_blocks);
+        break;
+      case OpKind::kFree: out = "ok"; break;
+    }
+  }
+  return absl::StrCat("client ", client, " [", invoke, ", ", response, "] ",
+                      OpKindName(kind), "(", args, ") -> ", out);
+}
+
+std::string DebugString(const History& history) {
+  std::vector<const Operation*> ops;
+  for (const Operation& op : history) ops.push_back(&op);
+  std::sort(ops.begin(), ops.end(), [](const Operation* a, const Operation* b) {
+    return a->invoke < b->invoke;
+  });
+  std::string out;
+  for (const Operation* op : ops)
+    absl::StrAppend(&out, op->DebugString(), "\n");
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// PoolSpec
+
+namespace {
+
+bool IsCapacityReason(FailureReason r) {
+  return r == FailureReason::kPoolExhausted ||
+         r == FailureReason::kGpuMemoryExhausted ||
+         r == FailureReason::kShrinkPending ||
+         r == FailureReason::kRequestTooLarge;
+}
+
+// The model's refusal reasons for capacity are a best guess (reference
+// model); every other reason must match exactly.
+bool SameRefusal(FailureReason observed, FailureReason predicted) {
+  if (IsCapacityReason(observed) && IsCapacityReason(predicted)) return true;
+  return observed == predicted;
+}
+
+bool Matches(const Operation& op, const MOutcome& want) {
+  if (!op.ok() || !want.ok()) {
+    return !op.ok() && !want.ok() && SameRefusal(op.reason, want.reason);
+  }
+  return op.result_ids == want.ids;
+}
+
+}  // namespace
+
+bool PoolSpec::Apply(const Operation& op) {
+  switch (op.kind) {
+    case OpKind::kAlloc:
+      return Matches(op, op.reservation_id.empty()
+                             ? model_.Alloc(op.num_blocks)
+                             : model_.AllocFromReservation(op.reservation_id,
+                                                           op.num_blocks));
+    case OpKind::kReserve: {
+      // The model takes the id the pool assigned; an id it already holds
+      // cannot be a new reservation's.
+      if (op.ok() && model_.reservations().count(op.result_reservation)) {
+        return false;
+      }
+      return Matches(op, model_.Reserve(op.num_blocks, op.result_reservation));
+    }
+    case OpKind::kFree: {
+      const MOutcome want = model_.Free(op.block_ids);
+      return op.ok() == want.ok();
+    }
+    case OpKind::kRelease: {
+      const MOutcome want = model_.Release(op.reservation_id);
+      if (!op.ok() || !want.ok()) {
+        return !op.ok() && !want.ok() && SameRefusal(op.reason, want.reason);
+      }
+      return op.result_count == static_cast<int64_t>(want.ids.size());
+    }
+    case OpKind::kSetMemoryLimit: {
+      const MLimitResult want =
+          model_.SetMemoryLimit(op.limit_bytes, op.revision);
+      if (!want.ok || !op.ok()) {
+        return !want.ok && op.reason == FailureReason::kInvalidArgument;
+      }
+      return op.limit_outcome == want.outcome &&
+             op.target_pages == want.target_pages;
+    }
+    case OpKind::kCapacity:
+      return op.ok() && op.available_blocks == model_.AvailableBlocks() &&
+             op.allocated_blocks == model_.AllocatedBlocks() &&
+             op.reserved_blocks == model_.ReservedBlocks();
+  }
+  return false;
+}
+
+std::string PoolSpec::Fingerprint() const {
+  std::string f;
+  f.reserve(64 + model_.page_count() * 2);
+  for (int64_t p = 0; p < model_.page_count(); ++p) {
+    f.push_back(
+        static_cast<char>('a' + static_cast<int>(model_.page_state(p))));
+  }
+  f.push_back('|');
+  for (int64_t b = 0; b < model_.range_end(model_.page_count() - 1); ++b) {
+    f.push_back(
+        static_cast<char>('a' + static_cast<int>(model_.block_state(b))));
+  }
+  absl::StrAppend(&f, "|F", absl::StrJoin(model_.free_list(), ","), "|I",
+                  absl::StrJoin(model_.idle_list(), ","), "|R",
+                  absl::StrJoin(model_.reclaimed_list(), ","), "|L",
+                  static_cast<int>(model_.limit_state()), ",",
+                  model_.limit_revision(), ",", model_.limit_bytes(), ",",
+                  model_.target_pages());
+  for (const auto& [id, blocks] : model_.reservations()) {
+    absl::StrAppend(&f, "|", id, ":", absl::StrJoin(blocks, ","));
+  }
+  return f;
+}
+
+// ---------------------------------------------------------------------------
+// The search
+
+namespace {
+
+// One call or return event, in a doubly linked list ordered by time.
+struct Event {
+  int op = 0;
+  bool is_call = false;
+  int64_t time = 0;
+  Event* match = nullptr;  // a call's return
+  Event* prev = nullptr;
+  Event* next = nullptr;
+};
+
+// Unlinks a call and its return (the call is linearized).
+void Lift(Event* call) {
+  call->prev->next = call->next;
+  call->next->prev = call->prev;
+  Event* ret = call->match;
+  ret->prev->next = ret->next;
+  if (ret->next != nullptr) ret->next->prev = ret->prev;
+}
+
+// Undoes Lift, in reverse.
+void Unlift(Event* call) {
+  Event* ret = call->match;
+  ret->prev->next = ret;
+  if (ret->next != nullptr) ret->next->prev = ret;
+  call->prev->next = call;
+  call->next->prev = call;
+}
+
+}  // namespace
+
+CheckResult CheckLinearizable(const History& history, const Spec& initial) {
+  CheckResult result;
+  const int n = static_cast<int>(history.size());
+  std::vector<Event> events(2 * n + 1);
+  Event* head = &events[2 * n];  // sentinel before the first event
+  std::vector<Event*> sorted;
+  for (int i = 0; i < n; ++i) {
+    Event* call = &events[2 * i];
+    Event* ret = &events[2 * i + 1];
+    *call = {i, true, history[i].invoke, ret};
+    *ret = {i, false, history[i].response, nullptr};
+    sorted.push_back(call);
+    sorted.push_back(ret);
+  }
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Event* a, const Event* b) { return a->time < b->time; });
+  Event* prev = head;
+  for (Event* e : sorted) {
+    prev->next = e;
+    e->prev = prev;
+    prev = e;
+  }
+
+  struct Frame {
+    Event* call;
+    std::unique_ptr<Spec> state;  // the state before the call
+  };
+  std::vector<Frame> stack;
+  std::unique_ptr<Spec> state = initial.Clone();
+  std::string linearized(n, '0');
+  std::unordered_set<std::string> seen;
+
+  Event* entry = head->next;
+  while (head->next != nullptr) {
+    if (entry->is_call) {
+      std::unique_ptr<Spec> next = state->Clone();
+      if (next->Apply(history[entry->op])) {
+        linearized[entry->op] = '1';
+        std::string key = absl::StrCat(linearized, "#", next->Fingerprint());
+        if (seen.insert(std::move(key)).second) {
+          ++result.explored;
+          stack.push_back({entry, std::move(state)});
+          state = std::move(next);
+          Lift(entry);
+          entry = head->next;
+          continue;
+        }
+        linearized[entry->op] = '0';
+      }
+      entry = entry->next;
+    } else {
+      // A return whose call is still pending: undo the last choice.
+      if (stack.empty()) return result;
+      Frame frame = std::move(stack.back());
+      stack.pop_back();
+      state = std::move(frame.state);
+      linearized[frame.call->op] = '0';
+      Unlift(frame.call);
+      entry = frame.call->next;
+    }
+  }
+  result.linearizable = true;
+  for (const Frame& f : stack) result.order.push_back(f.call->op);
+  return result;
+}
+
+}  // namespace lin
+}  // namespace kvbroker
