@@ -5,8 +5,6 @@
 #include <grpcpp/ext/channelz_service_plugin.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -19,6 +17,7 @@
 #include "server/log.h"
 #include "server/proto_convert.h"
 #include "server/reflection_v1.h"
+#include "server/unix_socket.h"
 
 namespace kvbroker {
 namespace {
@@ -106,7 +105,10 @@ absl::Status Daemon::Start() {
                              &tcp_port_);
   }
   if (!options_.unix_socket.empty()) {
-    builder.AddListeningPort(unix_address(), grpc::InsecureServerCredentials());
+    KVB_RETURN_IF_ERROR(CheckUnixSocketPath(options_.unix_socket));
+    builder.AddListeningPort(
+        absl::StrCat("unix:", StagingPath(options_.unix_socket)),
+        grpc::InsecureServerCredentials());
   }
   builder.RegisterService(service_.get());
   for (grpc::Service* extra : options_.extra_services) {
@@ -121,6 +123,16 @@ absl::Status Daemon::Start() {
         !options_.listen.empty() && !options_.unix_socket.empty() ? " and "
                                                                   : "",
         options_.unix_socket.empty() ? "" : unix_address()));
+  }
+  if (!options_.unix_socket.empty()) {
+    absl::StatusOr<UnixSocketFile> file = UnixSocketFile::Publish(
+        StagingPath(options_.unix_socket), options_.unix_socket);
+    if (!file.ok()) {
+      server_->Shutdown();
+      server_.reset();
+      return file.status();
+    }
+    unix_file_ = *std::move(file);
   }
   RefreshHealth();
   health_thread_ = std::thread([this] { HealthLoop(); });
@@ -170,11 +182,9 @@ void Daemon::Drain() {
   server_->Shutdown(deadline);
   server_->Wait();
   LogLine("server stopped after %s", absl::FormatDuration(absl::Now() - start));
-  if (!options_.unix_socket.empty()) {
-    struct stat st;
-    if (stat(options_.unix_socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
-      unlink(options_.unix_socket.c_str());
-    }
+  if (unix_file_.has_value() && !unix_file_->Remove()) {
+    LogLine("%s is no longer the socket this daemon bound; left in place",
+            unix_file_->path());
   }
   broker_->StopWorker();
 }

@@ -48,6 +48,7 @@
 #include "server/access.h"
 #include "server/change_feed.h"
 #include "server/kvbroker_service.h"
+#include "server/unix_socket.h"
 
 namespace kvbroker {
 
@@ -93,8 +94,12 @@ class Daemon {
   // whose message names the entry. Pools created before it stay.
   absl::Status CreatePools(const v1::PoolsFile& pools);
 
-  // Binds the listeners and starts serving. Errors: UNAVAILABLE when a
-  // listener cannot be bound; FAILED_PRECONDITION when called twice.
+  // Binds the listeners and starts serving. A Unix socket path that another
+  // process serves is never taken over, and only a stale socket file is
+  // replaced (unix_socket.h). Errors: UNAVAILABLE when a listener cannot be
+  // bound; FAILED_PRECONDITION when called twice, when a process serves the
+  // Unix socket path (the message names it) or when something other than a
+  // socket lies there.
   absl::Status Start();
 
   // SIGTERM behaviour: health NOT_SERVING, WatchCapacity streams end (OK),
@@ -126,6 +131,9 @@ class Daemon {
   std::unique_ptr<KvBrokerService> service_;
   std::unique_ptr<grpc::Server> server_;
   int tcp_port_ = 0;
+  // The socket file this daemon bound; Drain unlinks it only if the path
+  // still names it.
+  std::optional<UnixSocketFile> unix_file_;
   std::thread health_thread_;
   absl::Notification stop_health_;
 
