@@ -120,6 +120,124 @@ TEST(UnixSocket, AnExitingDaemonDoesNotUnlinkASocketItDoesNotOwn) {
   RemoveSocketPath(socket);
 }
 
+// ===========================================================================
+// Start-up checks: every flag and file before anything is served
+
+// A fresh directory for the files of one test.
+std::string TempDir() {
+  char dir[] = "/tmp/kvbf-XXXXXX";
+  EXPECT_NE(mkdtemp(dir), nullptr);
+  return dir;
+}
+
+std::string WriteFile(const std::string& dir, const std::string& name,
+                      const std::string& text) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Runs kvbrokerd with `flags` (plus the host backend, no TCP listener
+// unless `flags` names one), expects exit status 1 before it serves, and
+// returns its stderr.
+std::string StartupRefusal(std::vector<std::string> flags) {
+  flags.insert(flags.begin(), {"--backend=host", "--min_idle_pages=0",
+                               "--host_device_memory=1GiB"});
+  bool listen = false;
+  for (const std::string& f : flags) listen |= absl::StartsWith(f, "--listen");
+  if (!listen) flags.push_back("--listen=127.0.0.1:0");
+  DaemonProcess daemon(flags);
+  const std::string serving = daemon.ReadLine(absl::Seconds(20));
+  EXPECT_EQ(serving, "") << "it served: " << serving;
+  EXPECT_EQ(daemon.WaitExit(absl::Seconds(20)), 1);
+  const std::string err = daemon.Stderr();
+  EXPECT_FALSE(absl::StrContains(err, "health SERVING")) << err;
+  EXPECT_FALSE(absl::StrContains(err, "type.kvbroker.dev")) << err;
+  return err;
+}
+
+TEST(Startup, ADirectoryIsNotAConfigFile) {
+  const std::string dir = TempDir();
+  std::string err = StartupRefusal({absl::StrCat("--pools=", dir)});
+  EXPECT_TRUE(absl::StrContains(err, "--pools: " + dir + " is a directory"))
+      << err;
+  err = StartupRefusal({absl::StrCat("--auth_tokens=", dir)});
+  EXPECT_TRUE(absl::StrContains(err, "is a directory")) << err;
+  err = StartupRefusal({"--tls_cert=client/testdata/server.pem",
+                        "--tls_key=client/testdata/server.key",
+                        absl::StrCat("--tls_client_ca=", dir)});
+  EXPECT_TRUE(
+      absl::StrContains(err, "--tls_client_ca: " + dir + " is a directory"))
+      << err;
+  rmdir(dir.c_str());
+}
+
+TEST(Startup, PortsOutOfRangeAreRefused) {
+  std::string err = StartupRefusal({"--listen=127.0.0.1:99999"});
+  EXPECT_TRUE(absl::StrContains(err, "--listen: \"127.0.0.1:99999\"")) << err;
+  err = StartupRefusal({"--listen=127.0.0.1:-1"});
+  EXPECT_TRUE(absl::StrContains(err, "--listen")) << err;
+  err = StartupRefusal({"--listen=127.0.0.1:http"});
+  EXPECT_TRUE(absl::StrContains(err, "--listen")) << err;
+  err = StartupRefusal({"--metrics_listen=127.0.0.1:65536"});
+  EXPECT_TRUE(absl::StrContains(err, "--metrics_listen")) << err;
+}
+
+TEST(Startup, AMetricsListenerThatCannotBindStopsTheDaemonBeforeServing) {
+  // TEST-NET-1: no local interface has it, so bind() fails.
+  const std::string err = StartupRefusal({"--metrics_listen=192.0.2.1:9400"});
+  EXPECT_TRUE(absl::StrContains(err, "192.0.2.1")) << err;
+}
+
+TEST(Startup, AKeyThatDoesNotMatchItsCertificateIsNamed) {
+  const std::string err =
+      StartupRefusal({"--tls_cert=client/testdata/server.pem",
+                      "--tls_key=client/testdata/client.key"});
+  EXPECT_TRUE(absl::StrContains(
+      err, "--tls_key does not match the certificate of --tls_cert"))
+      << err;
+  EXPECT_FALSE(absl::StrContains(err, "cannot listen")) << err;
+}
+
+TEST(Startup, AnUnreadableFileSaysWhy) {
+  const std::string err =
+      StartupRefusal({"--auth_tokens=/nonexistent/kvbroker/tokens.textproto"});
+  EXPECT_TRUE(absl::StrContains(
+      err,
+      "--auth_tokens: cannot open /nonexistent/kvbroker/tokens.textproto: No "
+      "such file or directory"))
+      << err;
+}
+
+TEST(Startup, ErrorsShowTheReasonNotTheInternalPayload) {
+  const std::string dir = TempDir();
+  const std::string pools =
+      WriteFile(dir, "pools.textproto",
+                "pools { name: \"big\" page_size: 2097152 block_bytes: 4194304 "
+                "max_blocks: 4 }\n");
+  const std::string err = StartupRefusal({absl::StrCat("--pools=", pools)});
+  EXPECT_TRUE(absl::StrContains(err,
+                                "kvbrokerd: INVALID_GEOMETRY: pools "
+                                "entry 0 (\"big\"): block_bytes"))
+      << err;
+  unlink(pools.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST(Startup, ATokensFileParseErrorDoesNotEchoTheSecret) {
+  const std::string dir = TempDir();
+  const std::string tokens =
+      WriteFile(dir, "tokens.textproto",
+                "tokens { name: \"ops\" pools: \"*\"\n"
+                "  token: hunter2-unquoted-secret-value }\n");
+  const std::string err =
+      StartupRefusal({absl::StrCat("--auth_tokens=", tokens)});
+  EXPECT_FALSE(absl::StrContains(err, "hunter2")) << err;
+  EXPECT_TRUE(absl::StrContains(err, "line 2 column")) << err;
+  unlink(tokens.c_str());
+  rmdir(dir.c_str());
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace kvbroker
