@@ -1,4 +1,5 @@
-// kvbroker.v1.KvBroker over a Broker: message conversion and delegation.
+// kvbroker.v1.KvBroker over a Broker: each handler finds its pool (admitted),
+// converts, calls the pool and converts back.
 
 #include "server/kvbroker_service.h"
 
@@ -8,12 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "allocator/failure.h"
+#include "server/capacity_watch.h"
 #include "server/log.h"
 #include "server/proto_convert.h"
 #include "server/status_convert.h"
@@ -30,10 +28,19 @@ void LogFailure(absl::string_view method, absl::string_view pool,
       absl::StatusCodeToString(status.code()), status.message());
 }
 
-// Runs one unary call: refuses a call that was not admitted (`admission`,
-// see KvBrokerService::Admit), is already cancelled or past its deadline;
-// otherwise runs `body` (which fills the response) and finishes with its
-// converted status.
+// The refusal of a call that is already cancelled or past its deadline.
+std::optional<grpc::Status> Expired(grpc::CallbackServerContext* ctx) {
+  if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+  if (ctx->deadline() <= std::chrono::system_clock::now()) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "the deadline passed before the call ran");
+  }
+  return std::nullopt;
+}
+
+// Finishes a unary call: refuses it when `admission` failed (see
+// KvBrokerService::Admit) or it has expired; otherwise runs `body` (which
+// fills the response) and finishes with its converted status.
 template <typename Body>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
                                 absl::string_view method,
@@ -45,13 +52,8 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
     reactor->Finish(ToGrpcStatus(admission));
     return reactor;
   }
-  if (ctx->IsCancelled()) {
-    reactor->Finish(grpc::Status::CANCELLED);
-    return reactor;
-  }
-  if (ctx->deadline() <= std::chrono::system_clock::now()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                 "the deadline passed before the call ran"));
+  if (std::optional<grpc::Status> expired = Expired(ctx)) {
+    reactor->Finish(*expired);
     return reactor;
   }
   absl::Status status = body();
@@ -60,133 +62,13 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+// `result`'s value converted into `response`, or its failure.
+template <typename Result, typename Response>
+absl::Status Reply(absl::StatusOr<Result> result, Response* response) {
+  if (!result.ok()) return result.status();
+  ToProto(*result, response);
+  return absl::OkStatus();
 }
-
-void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
-  const int64_t seconds = absl::ToUnixSeconds(t);  // rounds down
-  out->set_seconds(seconds);
-  out->set_nanos(static_cast<int32_t>(
-      absl::ToInt64Nanoseconds(t - absl::FromUnixSeconds(seconds))));
-}
-
-// One WatchCapacity stream; see the class comment of KvBrokerService.
-//
-// Ownership: the reactor owns itself through `self_` from Begin() until
-// OnDone(); the feed holds it weakly, so a notification that races with the
-// end of the stream finds it either alive or gone, never half-destroyed.
-//
-// At most one thread "pumps" at a time: a pump claims `writing_` under `mu_`,
-// then takes the snapshot and calls StartWrite without the lock (a write's
-// completion may run inline and take `mu_` itself). Finish is called exactly
-// once, never while a write is in flight.
-class CapacityWatch final
-    : public grpc::ServerWriteReactor<v1::WatchCapacityResponse>,
-      public ChangeFeed::Subscriber {
- public:
-  CapacityWatch(std::shared_ptr<ChangeFeed> feed,
-                std::shared_ptr<PagePool> pool, int64_t max_pages)
-      : feed_(std::move(feed)), pool_(std::move(pool)), max_pages_(max_pages) {}
-
-  // Starts the stream: subscribes and sends the first snapshot.
-  void Begin(std::shared_ptr<CapacityWatch> self) {
-    self_ = std::move(self);
-    if (!feed_->Subscribe(pool_->name(), self_)) {
-      RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 "the server is shutting down"));
-    }
-    Pump();
-  }
-
-  void OnPoolChanged() override ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      dirty_ = true;
-    }
-    Pump();
-  }
-  void OnClose() override { RequestFinish(grpc::Status::OK); }
-
-  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      // A failed write means the stream is gone; OnCancel follows.
-      if (!ok && !finish_.has_value()) finish_ = grpc::Status::CANCELLED;
-    }
-    Pump();
-  }
-  void OnCancel() override { RequestFinish(grpc::Status::CANCELLED); }
-
-  void OnDone() override {
-    feed_->Unsubscribe(this);
-    std::shared_ptr<CapacityWatch> self = std::move(self_);
-    // `self` destroys this object on return.
-  }
-
- private:
-  void RequestFinish(grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!finish_.has_value()) finish_ = std::move(status);
-    }
-    Pump();
-  }
-
-  void Pump() ABSL_LOCKS_EXCLUDED(mu_) {
-    for (;;) {
-      std::optional<grpc::Status> finish_now;
-      {
-        absl::MutexLock lock(&mu_);
-        if (finished_ || writing_) return;
-        if (finish_.has_value()) {
-          finished_ = true;  // only this thread gets past the check above
-          finish_now = *finish_;
-        } else if (dirty_) {
-          dirty_ = false;
-          writing_ = true;  // claims the pump
-        } else {
-          return;
-        }
-      }
-      if (finish_now.has_value()) {
-        Finish(*finish_now);
-        return;
-      }
-      absl::StatusOr<CapacitySnapshot> snapshot =
-          pool_->Capacity(CapacityQuery{max_pages_});
-      if (snapshot.ok() && sent_generation_ != snapshot->generation) {
-        sent_generation_ = snapshot->generation;
-        response_.Clear();
-        ToProto(*snapshot, response_.mutable_capacity());
-        StartWrite(&response_);
-        return;
-      }
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!snapshot.ok() && !finish_.has_value()) {
-        finish_ = ToGrpcStatus(snapshot.status());
-      }
-      // Loop: a change or a finish request may have arrived meanwhile.
-    }
-  }
-
-  const std::shared_ptr<ChangeFeed> feed_;
-  const std::shared_ptr<PagePool> pool_;
-  const int64_t max_pages_;
-  std::shared_ptr<CapacityWatch> self_;  // set by Begin, dropped by OnDone
-
-  // Touched only by the thread that holds the pump (writing_ == true).
-  std::optional<uint64_t> sent_generation_;
-  v1::WatchCapacityResponse response_;
-
-  absl::Mutex mu_;
-  bool dirty_ ABSL_GUARDED_BY(mu_) = true;  // the first snapshot is due
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
-};
 
 }  // namespace
 
@@ -215,6 +97,17 @@ absl::Status KvBrokerService::Admit(grpc::CallbackServerContext* ctx,
   return AccessPolicy::Authorize(**grant, pool, method);
 }
 
+template <typename Body>
+grpc::ServerUnaryReactor* KvBrokerService::OnPool(
+    grpc::CallbackServerContext* ctx, absl::string_view method,
+    const std::string& pool, Body&& body) {
+  return Unary(ctx, method, pool, Admit(ctx, method, pool), [&] {
+    absl::StatusOr<std::shared_ptr<PagePool>> found = broker_->GetPool(pool);
+    if (!found.ok()) return found.status();
+    return body(**found);
+  });
+}
+
 grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
     grpc::CallbackServerContext* ctx, const v1::CreatePoolRequest* request,
     v1::CreatePoolResponse* response) {
@@ -239,17 +132,12 @@ grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
 grpc::ServerUnaryReactor* KvBrokerService::GetPool(
     grpc::CallbackServerContext* ctx, const v1::GetPoolRequest* request,
     v1::GetPoolResponse* response) {
-  return Unary(
-      ctx, "GetPool", request->pool(), Admit(ctx, "GetPool", request->pool()),
-      [&] {
-        absl::StatusOr<std::shared_ptr<PagePool>> pool =
-            broker_->GetPool(request->pool());
-        if (!pool.ok()) return pool.status();
-        absl::StatusOr<CapacitySnapshot> capacity = (*pool)->Capacity();
-        if (!capacity.ok()) return capacity.status();
-        ToProto((*pool)->geometry(), *capacity, response->mutable_pool());
-        return absl::OkStatus();
-      });
+  return OnPool(ctx, "GetPool", request->pool(), [&](PagePool& pool) {
+    absl::StatusOr<CapacitySnapshot> capacity = pool.Capacity();
+    if (!capacity.ok()) return capacity.status();
+    ToProto(pool.geometry(), *capacity, response->mutable_pool());
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::ListPools(
@@ -279,181 +167,99 @@ grpc::ServerUnaryReactor* KvBrokerService::DeletePool(
 grpc::ServerUnaryReactor* KvBrokerService::Capacity(
     grpc::CallbackServerContext* ctx, const v1::CapacityRequest* request,
     v1::CapacityResponse* response) {
-  return Unary(ctx, "Capacity", request->pool(),
-               Admit(ctx, "Capacity", request->pool()), [&] {
-                 if (request->max_pages() < 0) {
-                   return InvalidField("max_pages", "must not be negative");
-                 }
-                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
-                     broker_->GetPool(request->pool());
-                 if (!pool.ok()) return pool.status();
-                 absl::StatusOr<CapacitySnapshot> capacity =
-                     (*pool)->Capacity(CapacityQuery{request->max_pages()});
-                 if (!capacity.ok()) return capacity.status();
-                 ToProto(*capacity, response->mutable_capacity());
-                 return absl::OkStatus();
-               });
+  return OnPool(ctx, "Capacity", request->pool(), [&](PagePool& pool) {
+    if (request->max_pages() < 0) {
+      return InvalidField("max_pages", "must not be negative");
+    }
+    absl::StatusOr<CapacitySnapshot> capacity =
+        pool.Capacity(CapacityQuery{request->max_pages()});
+    return Reply(std::move(capacity), response->mutable_capacity());
+  });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Alloc(
     grpc::CallbackServerContext* ctx, const v1::AllocRequest* request,
     v1::AllocResponse* response) {
-  return Unary(ctx, "Alloc", request->pool(),
-               Admit(ctx, "Alloc", request->pool()), [&] {
-                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
-                     broker_->GetPool(request->pool());
-                 if (!pool.ok()) return pool.status();
-                 AllocRequest alloc;
-                 alloc.num_blocks = request->num_blocks();
-                 alloc.request_id = request->request_id();
-                 alloc.reservation_id = request->reservation_id();
-                 if (request->has_expected_generation()) {
-                   alloc.expected_generation = request->expected_generation();
-                 }
-                 absl::StatusOr<AllocResult> result = (*pool)->Alloc(alloc);
-                 if (!result.ok()) return result.status();
-                 ToProto(result->pages, response->mutable_pages());
-                 response->set_num_blocks(result->num_blocks);
-                 response->set_generation(result->generation);
-                 response->set_replayed(result->replayed);
-                 response->set_pages_mapped(result->pages_mapped);
-                 return absl::OkStatus();
-               });
+  return OnPool(ctx, "Alloc", request->pool(), [&](PagePool& pool) {
+    return Reply(pool.Alloc(FromProto(*request)), response);
+  });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Free(
     grpc::CallbackServerContext* ctx, const v1::FreeRequest* request,
     v1::FreeResponse* response) {
-  return Unary(ctx, "Free", request->pool(),
-               Admit(ctx, "Free", request->pool()), [&] {
-                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
-                     broker_->GetPool(request->pool());
-                 if (!pool.ok()) return pool.status();
-                 FreeRequest free;
-                 free.block_ids =
-                     request->block_ids();  // a view: request outlives the call
-                 free.request_id = request->request_id();
-                 absl::StatusOr<FreeResult> result = (*pool)->Free(free);
-                 if (!result.ok()) return result.status();
-                 response->set_freed_blocks(result->freed_blocks);
-                 response->set_pages_unmapped(result->pages_unmapped);
-                 response->set_generation(result->generation);
-                 response->set_replayed(result->replayed);
-                 return absl::OkStatus();
-               });
+  return OnPool(ctx, "Free", request->pool(), [&](PagePool& pool) {
+    return Reply(pool.Free(FromProto(*request)), response);
+  });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Reserve(
     grpc::CallbackServerContext* ctx, const v1::ReserveRequest* request,
     v1::ReserveResponse* response) {
-  return Unary(ctx, "Reserve", request->pool(),
-               Admit(ctx, "Reserve", request->pool()), [&] {
-                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
-                     broker_->GetPool(request->pool());
-                 if (!pool.ok()) return pool.status();
-                 ReserveRequest reserve;
-                 reserve.num_blocks = request->num_blocks();
-                 if (request->has_ttl())
-                   reserve.ttl = FromProto(request->ttl());
-                 reserve.request_id = request->request_id();
-                 absl::StatusOr<ReservationInfo> result =
-                     (*pool)->Reserve(reserve);
-                 if (!result.ok()) return result.status();
-                 response->set_reservation_id(result->reservation_id);
-                 ToProto(result->pages, response->mutable_pages());
-                 response->set_num_blocks(result->num_blocks);
-                 ToProto(result->expires, response->mutable_expire_time());
-                 response->set_generation(result->generation);
-                 response->set_replayed(result->replayed);
-                 return absl::OkStatus();
-               });
+  return OnPool(ctx, "Reserve", request->pool(), [&](PagePool& pool) {
+    return Reply(pool.Reserve(FromProto(*request)), response);
+  });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::ReleaseReservation(
     grpc::CallbackServerContext* ctx,
     const v1::ReleaseReservationRequest* request,
     v1::ReleaseReservationResponse* response) {
-  return Unary(ctx, "ReleaseReservation", request->pool(),
-               Admit(ctx, "ReleaseReservation", request->pool()), [&] {
-                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
-                     broker_->GetPool(request->pool());
-                 if (!pool.ok()) return pool.status();
-                 absl::StatusOr<ReleaseResult> result =
-                     (*pool)->ReleaseReservation(request->reservation_id());
-                 if (!result.ok()) return result.status();
-                 response->set_released_blocks(result->released_blocks);
-                 response->set_generation(result->generation);
-                 return absl::OkStatus();
-               });
+  return OnPool(
+      ctx, "ReleaseReservation", request->pool(), [&](PagePool& pool) {
+        return Reply(pool.ReleaseReservation(request->reservation_id()),
+                     response);
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::SetMemoryLimit(
     grpc::CallbackServerContext* ctx, const v1::SetMemoryLimitRequest* request,
     v1::SetMemoryLimitResponse* response) {
-  return Unary(
-      ctx, "SetMemoryLimit", request->pool(),
-      Admit(ctx, "SetMemoryLimit", request->pool()), [&] {
-        absl::StatusOr<std::shared_ptr<PagePool>> pool =
-            broker_->GetPool(request->pool());
-        if (!pool.ok()) return pool.status();
-        absl::StatusOr<LimitResult> result = (*pool)->SetMemoryLimit(
-            Bytes(request->limit_bytes()), request->revision());
-        if (!result.ok()) return result.status();
-        response->set_outcome(ToProto(result->outcome));
-        ToProto(result->limit, response->mutable_limit());
-        response->set_mapped_bytes(result->mapped_bytes.value());
-        response->set_generation(result->generation);
-        LogLine(
-            "SetMemoryLimit pool=%s limit_bytes=%d revision=%d: %s "
-            "(target %d pages, effective %d bytes, mapped %d bytes, overage %d "
-            "bytes)",
-            request->pool(), request->limit_bytes(), request->revision(),
-            LimitOutcomeName(result->outcome),
-            result->limit.target_pages.value(),
-            result->limit.effective_bytes.value(), result->mapped_bytes.value(),
-            result->limit.overage_bytes.value());
-        return absl::OkStatus();
-      });
+  return OnPool(ctx, "SetMemoryLimit", request->pool(), [&](PagePool& pool) {
+    absl::StatusOr<LimitResult> result =
+        pool.SetMemoryLimit(Bytes(request->limit_bytes()), request->revision());
+    if (!result.ok()) return result.status();
+    ToProto(*result, response);
+    LogLine(
+        "SetMemoryLimit pool=%s limit_bytes=%d revision=%d: %s "
+        "(target %d pages, effective %d bytes, mapped %d bytes, overage %d "
+        "bytes)",
+        request->pool(), request->limit_bytes(), request->revision(),
+        LimitOutcomeName(result->outcome), result->limit.target_pages.value(),
+        result->limit.effective_bytes.value(), result->mapped_bytes.value(),
+        result->limit.overage_bytes.value());
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Trim(
     grpc::CallbackServerContext* ctx, const v1::TrimRequest* request,
     v1::TrimResponse* response) {
-  return Unary(
-      ctx, "Trim", request->pool(), Admit(ctx, "Trim", request->pool()), [&] {
-        absl::StatusOr<std::shared_ptr<PagePool>> pool =
-            broker_->GetPool(request->pool());
-        if (!pool.ok()) return pool.status();
-        absl::StatusOr<TrimResult> result = (*pool)->Trim(request->max_pages());
-        if (!result.ok()) return result.status();
-        response->set_pages_unmapped(result->pages_unmapped);
-        response->set_generation(result->generation);
-        if (result->pages_unmapped > 0) {
-          LogLine("Trim pool=%s: unmapped %d idle pages", request->pool(),
-                  result->pages_unmapped);
-        }
-        return absl::OkStatus();
-      });
+  return OnPool(ctx, "Trim", request->pool(), [&](PagePool& pool) {
+    absl::StatusOr<TrimResult> result = pool.Trim(request->max_pages());
+    if (!result.ok()) return result.status();
+    ToProto(*result, response);
+    if (result->pages_unmapped > 0) {
+      LogLine("Trim pool=%s: unmapped %d idle pages", request->pool(),
+              result->pages_unmapped);
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::GetPageOccupancy(
     grpc::CallbackServerContext* ctx,
     const v1::GetPageOccupancyRequest* request,
     v1::GetPageOccupancyResponse* response) {
-  return Unary(ctx, "GetPageOccupancy", request->pool(),
-               Admit(ctx, "GetPageOccupancy", request->pool()), [&] {
-                 absl::StatusOr<std::shared_ptr<PagePool>> pool =
-                     broker_->GetPool(request->pool());
-                 if (!pool.ok()) return pool.status();
-                 std::vector<PageId> ids(request->page_ids().begin(),
-                                         request->page_ids().end());
-                 absl::StatusOr<std::vector<PageOccupancy>> result =
-                     (*pool)->GetPageOccupancy(ids);
-                 if (!result.ok()) return result.status();
-                 for (const PageOccupancy& o : *result)
-                   ToProto(o, response->add_pages());
-                 return absl::OkStatus();
-               });
+  return OnPool(ctx, "GetPageOccupancy", request->pool(), [&](PagePool& pool) {
+    std::vector<PageId> ids(request->page_ids().begin(),
+                            request->page_ids().end());
+    absl::StatusOr<std::vector<PageOccupancy>> result =
+        pool.GetPageOccupancy(ids);
+    if (!result.ok()) return result.status();
+    for (const PageOccupancy& o : *result) ToProto(o, response->add_pages());
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerWriteReactor<v1::WatchCapacityResponse>*
@@ -475,20 +281,9 @@ KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
   }
   if (!refused.ok()) {
     LogFailure("WatchCapacity", request->pool(), refused);
-    // A reactor that only finishes.
-    class Refusal final
-        : public grpc::ServerWriteReactor<v1::WatchCapacityResponse> {
-     public:
-      explicit Refusal(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
-      void OnDone() override { delete this; }
-    };
-    return new Refusal(refused);
+    return RefuseCapacityWatch(refused);
   }
-  auto watch = std::make_shared<CapacityWatch>(feed_, std::move(pool),
-                                               request->max_pages());
-  CapacityWatch* reactor = watch.get();
-  reactor->Begin(std::move(watch));
-  return reactor;
+  return StartCapacityWatch(feed_, std::move(pool), request->max_pages());
 }
 
 }  // namespace kvbroker

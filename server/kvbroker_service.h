@@ -1,7 +1,9 @@
 // KvBrokerService: the kvbroker.v1.KvBroker gRPC service over a Broker.
 //
-// Thin by design: each RPC converts its request (proto_convert.h), calls the
-// broker or one pool, and converts the result or the typed failure
+// Thin by design: a handler that names a pool goes through OnPool, which
+// admits the call (access), refuses it if it already expired and finds the
+// pool; the handler then converts its request (proto_convert.h), calls the
+// pool and converts the result, and OnPool converts a typed failure
 // (status_convert.h). All policy (exact capacity, rollback, idempotency by
 // request_id, reservations, limits) lives in the allocator core.
 //
@@ -14,13 +16,7 @@
 // client that may time out retries with the same request_id and receives the
 // first outcome.
 //
-// WatchCapacity is a ServerWriteReactor subscribed to the ChangeFeed that the
-// broker's on_change feeds. It writes a snapshot at once and again whenever
-// the pool's generation moved, with at most one write in flight: changes that
-// arrive during a write are coalesced into one snapshot of the latest state.
-// It ends with the pool's failure when the pool is deleted (POOL_NOT_FOUND),
-// with CANCELLED when the client goes away or its deadline passes, and with OK
-// when the feed closes (the server is draining).
+// WatchCapacity streams live in capacity_watch.h.
 //
 // Access: with an AccessPolicy (--auth_tokens), every call is authenticated
 // and the pool it names authorized before anything else happens
@@ -40,6 +36,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <string>
 
 #include "allocator/broker.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
@@ -108,6 +105,13 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   // Authenticates and authorizes a call that names `pool`.
   absl::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method,
                      absl::string_view pool) const;
+  // Runs a unary call on the pool named `pool`: refuses it unless admitted
+  // for `method`, still live and the pool exists; otherwise finishes with
+  // `body(PagePool&)`'s status (body fills the response).
+  template <typename Body>
+  grpc::ServerUnaryReactor* OnPool(grpc::CallbackServerContext* ctx,
+                                   absl::string_view method,
+                                   const std::string& pool, Body&& body);
 
   Broker* const broker_;
   const std::shared_ptr<ChangeFeed> feed_;

@@ -152,4 +152,82 @@ void ToProto(const Geometry& g, const CapacitySnapshot& capacity,
   ToProto(capacity, out->mutable_capacity());
 }
 
+absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
+void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
+  const int64_t seconds = absl::ToUnixSeconds(t);
+  out->set_seconds(seconds);
+  out->set_nanos(static_cast<int32_t>(
+      absl::ToInt64Nanoseconds(t - absl::FromUnixSeconds(seconds))));
+}
+
+AllocRequest FromProto(const v1::AllocRequest& request) {
+  AllocRequest alloc;
+  alloc.num_blocks = request.num_blocks();
+  alloc.request_id = request.request_id();
+  alloc.reservation_id = request.reservation_id();
+  if (request.has_expected_generation()) {
+    alloc.expected_generation = request.expected_generation();
+  }
+  return alloc;
+}
+
+FreeRequest FromProto(const v1::FreeRequest& request) {
+  FreeRequest free;
+  free.block_ids = request.block_ids();
+  free.request_id = request.request_id();
+  return free;
+}
+
+ReserveRequest FromProto(const v1::ReserveRequest& request) {
+  ReserveRequest reserve;
+  reserve.num_blocks = request.num_blocks();
+  if (request.has_ttl()) reserve.ttl = FromProto(request.ttl());
+  reserve.request_id = request.request_id();
+  return reserve;
+}
+
+void ToProto(const AllocResult& result, v1::AllocResponse* out) {
+  ToProto(result.pages, out->mutable_pages());
+  out->set_num_blocks(result.num_blocks);
+  out->set_generation(result.generation);
+  out->set_replayed(result.replayed);
+  out->set_pages_mapped(result.pages_mapped);
+}
+
+void ToProto(const FreeResult& result, v1::FreeResponse* out) {
+  out->set_freed_blocks(result.freed_blocks);
+  out->set_pages_unmapped(result.pages_unmapped);
+  out->set_generation(result.generation);
+  out->set_replayed(result.replayed);
+}
+
+void ToProto(const ReservationInfo& result, v1::ReserveResponse* out) {
+  out->set_reservation_id(result.reservation_id);
+  ToProto(result.pages, out->mutable_pages());
+  out->set_num_blocks(result.num_blocks);
+  ToProto(result.expires, out->mutable_expire_time());
+  out->set_generation(result.generation);
+  out->set_replayed(result.replayed);
+}
+
+void ToProto(const ReleaseResult& result, v1::ReleaseReservationResponse* out) {
+  out->set_released_blocks(result.released_blocks);
+  out->set_generation(result.generation);
+}
+
+void ToProto(const LimitResult& result, v1::SetMemoryLimitResponse* out) {
+  out->set_outcome(ToProto(result.outcome));
+  ToProto(result.limit, out->mutable_limit());
+  out->set_mapped_bytes(result.mapped_bytes.value());
+  out->set_generation(result.generation);
+}
+
+void ToProto(const TrimResult& result, v1::TrimResponse* out) {
+  out->set_pages_unmapped(result.pages_unmapped);
+  out->set_generation(result.generation);
+}
+
 }  // namespace kvbroker

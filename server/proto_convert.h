@@ -1,6 +1,8 @@
 // Conversions between the allocator's value types and kvbroker.v1 messages.
-// The service (kvbroker_service.cc) and the daemon's --pools loader use them;
-// nothing else translates these types.
+// The service (kvbroker_service.cc, capacity_watch.cc) and the daemon's
+// --pools loader use them; nothing else translates these types. One
+// FromProto per request message and one ToProto per result, so that a
+// handler is "find the pool, convert, call, convert".
 //
 // Field defaults of the wire (proto3 has no presence for scalars): a zero
 // tokens_per_block, num_layers or num_kv_buffers means 1, and an empty device
@@ -14,6 +16,7 @@
 
 #include <vector>
 
+#include "absl/time/time.h"
 #include "allocator/geometry.h"
 #include "allocator/page_pool.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
@@ -36,6 +39,24 @@ void ToProto(const PageOccupancy& occupancy, v1::PageOccupancy* out);
 // The pool's spec, derived geometry and `capacity`.
 void ToProto(const Geometry& geometry, const CapacitySnapshot& capacity,
              v1::PoolInfo* out);
+
+absl::Duration FromProto(const google::protobuf::Duration& d);
+// Rounds down to the second, then adds the nanoseconds.
+void ToProto(absl::Time t, google::protobuf::Timestamp* out);
+
+// Requests. FreeRequest views the message's block ids: `request` must
+// outlive the returned value.
+AllocRequest FromProto(const v1::AllocRequest& request);
+FreeRequest FromProto(const v1::FreeRequest& request);
+ReserveRequest FromProto(const v1::ReserveRequest& request);
+
+// Results.
+void ToProto(const AllocResult& result, v1::AllocResponse* out);
+void ToProto(const FreeResult& result, v1::FreeResponse* out);
+void ToProto(const ReservationInfo& result, v1::ReserveResponse* out);
+void ToProto(const ReleaseResult& result, v1::ReleaseReservationResponse* out);
+void ToProto(const LimitResult& result, v1::SetMemoryLimitResponse* out);
+void ToProto(const TrimResult& result, v1::TrimResponse* out);
 
 }  // namespace kvbroker
 
