@@ -14,6 +14,7 @@
 #include "server/capacity_watch.h"
 #include "server/log.h"
 #include "server/proto_convert.h"
+#include "server/request_bounds.h"
 #include "server/status_convert.h"
 
 namespace kvbroker {
@@ -100,8 +101,10 @@ absl::Status KvBrokerService::Admit(grpc::CallbackServerContext* ctx,
 template <typename Body>
 grpc::ServerUnaryReactor* KvBrokerService::OnPool(
     grpc::CallbackServerContext* ctx, absl::string_view method,
-    const std::string& pool, Body&& body) {
-  return Unary(ctx, method, pool, Admit(ctx, method, pool), [&] {
+    const std::string& pool, const absl::Status& bounds, Body&& body) {
+  const absl::Status admission =
+      bounds.ok() ? Admit(ctx, method, pool) : bounds;
+  return Unary(ctx, method, pool, admission, [&] {
     absl::StatusOr<std::shared_ptr<PagePool>> found = broker_->GetPool(pool);
     if (!found.ok()) return found.status();
     return body(**found);
@@ -111,12 +114,15 @@ grpc::ServerUnaryReactor* KvBrokerService::OnPool(
 grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
     grpc::CallbackServerContext* ctx, const v1::CreatePoolRequest* request,
     v1::CreatePoolResponse* response) {
-  absl::Status admission;
-  if (absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
-      !grant.ok()) {
-    admission = grant.status();
-  } else if (*grant != nullptr) {
-    admission = AccessPolicy::AuthorizeCreate(**grant, request->pool().name());
+  absl::Status admission = CheckBounds(*request);
+  if (admission.ok()) {
+    absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
+    if (!grant.ok()) {
+      admission = grant.status();
+    } else if (*grant != nullptr) {
+      admission =
+          AccessPolicy::AuthorizeCreate(**grant, request->pool().name());
+    }
   }
   return Unary(ctx, "CreatePool", request->pool().name(), admission, [&] {
     absl::StatusOr<std::shared_ptr<PagePool>> pool =
@@ -132,12 +138,13 @@ grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
 grpc::ServerUnaryReactor* KvBrokerService::GetPool(
     grpc::CallbackServerContext* ctx, const v1::GetPoolRequest* request,
     v1::GetPoolResponse* response) {
-  return OnPool(ctx, "GetPool", request->pool(), [&](PagePool& pool) {
-    absl::StatusOr<CapacitySnapshot> capacity = pool.Capacity();
-    if (!capacity.ok()) return capacity.status();
-    ToProto(pool.geometry(), *capacity, response->mutable_pool());
-    return absl::OkStatus();
-  });
+  return OnPool(ctx, "GetPool", request->pool(), CheckBounds(*request),
+                [&](PagePool& pool) {
+                  absl::StatusOr<CapacitySnapshot> capacity = pool.Capacity();
+                  if (!capacity.ok()) return capacity.status();
+                  ToProto(pool.geometry(), *capacity, response->mutable_pool());
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::ListPools(
@@ -158,114 +165,132 @@ grpc::ServerUnaryReactor* KvBrokerService::ListPools(
 grpc::ServerUnaryReactor* KvBrokerService::DeletePool(
     grpc::CallbackServerContext* ctx, const v1::DeletePoolRequest* request,
     v1::DeletePoolResponse* /*response*/) {
-  return Unary(ctx, "DeletePool", request->pool(),
-               Admit(ctx, "DeletePool", request->pool()), [&] {
-                 return broker_->DeletePool(request->pool(), request->force());
-               });
+  absl::Status admission = CheckBounds(*request);
+  if (admission.ok()) admission = Admit(ctx, "DeletePool", request->pool());
+  return Unary(ctx, "DeletePool", request->pool(), admission, [&] {
+    return broker_->DeletePool(request->pool(), request->force());
+  });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Capacity(
     grpc::CallbackServerContext* ctx, const v1::CapacityRequest* request,
     v1::CapacityResponse* response) {
-  return OnPool(ctx, "Capacity", request->pool(), [&](PagePool& pool) {
-    if (request->max_pages() < 0) {
-      return InvalidField("max_pages", "must not be negative");
-    }
-    absl::StatusOr<CapacitySnapshot> capacity =
-        pool.Capacity(CapacityQuery{request->max_pages()});
-    return Reply(std::move(capacity), response->mutable_capacity());
-  });
+  return OnPool(ctx, "Capacity", request->pool(), CheckBounds(*request),
+                [&](PagePool& pool) {
+                  if (request->max_pages() < 0) {
+                    return InvalidField("max_pages", "must not be negative");
+                  }
+                  absl::StatusOr<CapacitySnapshot> capacity =
+                      pool.Capacity(CapacityQuery{request->max_pages()});
+                  return Reply(std::move(capacity),
+                               response->mutable_capacity());
+                });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Alloc(
     grpc::CallbackServerContext* ctx, const v1::AllocRequest* request,
     v1::AllocResponse* response) {
-  return OnPool(ctx, "Alloc", request->pool(), [&](PagePool& pool) {
-    return Reply(pool.Alloc(FromProto(*request)), response);
-  });
+  return OnPool(ctx, "Alloc", request->pool(), CheckBounds(*request),
+                [&](PagePool& pool) {
+                  KVB_RETURN_IF_ERROR(
+                      CheckReplyFits(request->num_blocks(), pool.geometry()));
+                  return Reply(pool.Alloc(FromProto(*request)), response);
+                });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Free(
     grpc::CallbackServerContext* ctx, const v1::FreeRequest* request,
     v1::FreeResponse* response) {
-  return OnPool(ctx, "Free", request->pool(), [&](PagePool& pool) {
-    return Reply(pool.Free(FromProto(*request)), response);
-  });
+  return OnPool(ctx, "Free", request->pool(), CheckBounds(*request),
+                [&](PagePool& pool) {
+                  return Reply(pool.Free(FromProto(*request)), response);
+                });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Reserve(
     grpc::CallbackServerContext* ctx, const v1::ReserveRequest* request,
     v1::ReserveResponse* response) {
-  return OnPool(ctx, "Reserve", request->pool(), [&](PagePool& pool) {
-    return Reply(pool.Reserve(FromProto(*request)), response);
-  });
+  return OnPool(ctx, "Reserve", request->pool(), CheckBounds(*request),
+                [&](PagePool& pool) {
+                  KVB_RETURN_IF_ERROR(
+                      CheckReplyFits(request->num_blocks(), pool.geometry()));
+                  return Reply(pool.Reserve(FromProto(*request)), response);
+                });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::ReleaseReservation(
     grpc::CallbackServerContext* ctx,
     const v1::ReleaseReservationRequest* request,
     v1::ReleaseReservationResponse* response) {
-  return OnPool(
-      ctx, "ReleaseReservation", request->pool(), [&](PagePool& pool) {
-        return Reply(pool.ReleaseReservation(request->reservation_id()),
-                     response);
-      });
+  return OnPool(ctx, "ReleaseReservation", request->pool(),
+                CheckBounds(*request), [&](PagePool& pool) {
+                  return Reply(
+                      pool.ReleaseReservation(request->reservation_id()),
+                      response);
+                });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::SetMemoryLimit(
     grpc::CallbackServerContext* ctx, const v1::SetMemoryLimitRequest* request,
     v1::SetMemoryLimitResponse* response) {
-  return OnPool(ctx, "SetMemoryLimit", request->pool(), [&](PagePool& pool) {
-    absl::StatusOr<LimitResult> result =
-        pool.SetMemoryLimit(Bytes(request->limit_bytes()), request->revision());
-    if (!result.ok()) return result.status();
-    ToProto(*result, response);
-    LogLine(
-        "SetMemoryLimit pool=%s limit_bytes=%d revision=%d: %s "
-        "(target %d pages, effective %d bytes, mapped %d bytes, overage %d "
-        "bytes)",
-        request->pool(), request->limit_bytes(), request->revision(),
-        LimitOutcomeName(result->outcome), result->limit.target_pages.value(),
-        result->limit.effective_bytes.value(), result->mapped_bytes.value(),
-        result->limit.overage_bytes.value());
-    return absl::OkStatus();
-  });
+  return OnPool(
+      ctx, "SetMemoryLimit", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        absl::StatusOr<LimitResult> result = pool.SetMemoryLimit(
+            Bytes(request->limit_bytes()), request->revision());
+        if (!result.ok()) return result.status();
+        ToProto(*result, response);
+        LogLine(
+            "SetMemoryLimit pool=%s limit_bytes=%d revision=%d: %s "
+            "(target %d pages, effective %d bytes, mapped %d bytes, overage %d "
+            "bytes)",
+            request->pool(), request->limit_bytes(), request->revision(),
+            LimitOutcomeName(result->outcome),
+            result->limit.target_pages.value(),
+            result->limit.effective_bytes.value(), result->mapped_bytes.value(),
+            result->limit.overage_bytes.value());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Trim(
     grpc::CallbackServerContext* ctx, const v1::TrimRequest* request,
     v1::TrimResponse* response) {
-  return OnPool(ctx, "Trim", request->pool(), [&](PagePool& pool) {
-    absl::StatusOr<TrimResult> result = pool.Trim(request->max_pages());
-    if (!result.ok()) return result.status();
-    ToProto(*result, response);
-    if (result->pages_unmapped > 0) {
-      LogLine("Trim pool=%s: unmapped %d idle pages", request->pool(),
-              result->pages_unmapped);
-    }
-    return absl::OkStatus();
-  });
+  return OnPool(
+      ctx, "Trim", request->pool(), CheckBounds(*request), [&](PagePool& pool) {
+        absl::StatusOr<TrimResult> result = pool.Trim(request->max_pages());
+        if (!result.ok()) return result.status();
+        ToProto(*result, response);
+        if (result->pages_unmapped > 0) {
+          LogLine("Trim pool=%s: unmapped %d idle pages", request->pool(),
+                  result->pages_unmapped);
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::GetPageOccupancy(
     grpc::CallbackServerContext* ctx,
     const v1::GetPageOccupancyRequest* request,
     v1::GetPageOccupancyResponse* response) {
-  return OnPool(ctx, "GetPageOccupancy", request->pool(), [&](PagePool& pool) {
-    std::vector<PageId> ids(request->page_ids().begin(),
-                            request->page_ids().end());
-    absl::StatusOr<std::vector<PageOccupancy>> result =
-        pool.GetPageOccupancy(ids);
-    if (!result.ok()) return result.status();
-    for (const PageOccupancy& o : *result) ToProto(o, response->add_pages());
-    return absl::OkStatus();
-  });
+  return OnPool(ctx, "GetPageOccupancy", request->pool(), CheckBounds(*request),
+                [&](PagePool& pool) {
+                  std::vector<PageId> ids(request->page_ids().begin(),
+                                          request->page_ids().end());
+                  absl::StatusOr<std::vector<PageOccupancy>> result =
+                      pool.GetPageOccupancy(ids);
+                  if (!result.ok()) return result.status();
+                  for (const PageOccupancy& o : *result)
+                    ToProto(o, response->add_pages());
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerWriteReactor<v1::WatchCapacityResponse>*
 KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
                                const v1::WatchCapacityRequest* request) {
-  absl::Status refused = Admit(ctx, "WatchCapacity", request->pool());
+  absl::Status refused = CheckBounds(*request);
+  if (refused.ok()) refused = Admit(ctx, "WatchCapacity", request->pool());
   if (refused.ok() && request->max_pages() < 0) {
     refused = InvalidField("max_pages", "must not be negative");
   }

@@ -105,13 +105,15 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   // Authenticates and authorizes a call that names `pool`.
   absl::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method,
                      absl::string_view pool) const;
-  // Runs a unary call on the pool named `pool`: refuses it unless admitted
-  // for `method`, still live and the pool exists; otherwise finishes with
+  // Runs a unary call on the pool named `pool`: refuses it unless the
+  // request is within its bounds (`bounds`, request_bounds.h), admitted for
+  // `method`, still live and the pool exists; otherwise finishes with
   // `body(PagePool&)`'s status (body fills the response).
   template <typename Body>
   grpc::ServerUnaryReactor* OnPool(grpc::CallbackServerContext* ctx,
                                    absl::string_view method,
-                                   const std::string& pool, Body&& body);
+                                   const std::string& pool,
+                                   const absl::Status& bounds, Body&& body);
 
   Broker* const broker_;
   const std::shared_ptr<ChangeFeed> feed_;
