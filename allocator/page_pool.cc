@@ -59,7 +59,10 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       backend_(backend),
       budgets_(budgets),
       clock_(clock),
-      options_(std::move(options)) {}
+      options_(std::move(options)) {
+  absl::MutexLock lock(&mu_);
+  generation_ = options_.initial_generation;
+}
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
     const PoolConfig& config, Backend* backend, DeviceBudgets* budgets,
@@ -376,6 +379,7 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
   ExpireLocked();
   CapacitySnapshot c;
   c.pool = name();
+  c.pool_uid = options_.uid;
   c.generation = generation_;
   c.healthy = !failed_;
   c.failure = failure_;

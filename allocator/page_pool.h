@@ -146,6 +146,7 @@ struct CapacityQuery {
 
 struct CapacitySnapshot {
   std::string pool;
+  std::string pool_uid;  // PoolOptions::uid
   uint64_t generation = 0;
   BlockCount available_blocks;
   int64_t available_tokens = 0;
@@ -252,6 +253,12 @@ struct PoolOptions {
   int64_t expired_reservations_remembered = 65536;
   // Called (without any pool lock held) after the pool's generation changed.
   std::function<void(const std::string& pool)> on_change;
+  // The generation the pool starts at (the broker makes it exceed every
+  // generation an earlier incarnation of the name could have reached).
+  uint64_t initial_generation = 1;
+  // Names this incarnation of the pool (SPEC 5 pool_uid); reported in every
+  // capacity snapshot. Empty: none.
+  std::string uid;
   // Called (without any pool lock held) after a call left the pool below
   // min_idle_pages with pages it could map: wake the prealloc worker.
   std::function<void()> on_prealloc_needed;
@@ -276,6 +283,8 @@ class PagePool {
   PagePool& operator=(const PagePool&) = delete;
 
   const std::string& name() const { return geometry_.config().name; }
+  // PoolOptions::uid: this incarnation of the name.
+  const std::string& uid() const { return options_.uid; }
   const Geometry& geometry() const { return geometry_; }
   // Base address of the pool's range on `device` (an ordinal of the pool).
   uint64_t range_base(int device_index) const {

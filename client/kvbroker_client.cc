@@ -380,6 +380,7 @@ absl::StatusOr<v1::AllocResponse> KvBrokerClient::Alloc(
   if (options.expected_generation.has_value()) {
     request.set_expected_generation(*options.expected_generation);
   }
+  request.set_pool_uid(options.pool_uid);
   return Call<v1::AllocResponse>(
       call, Idempotency::kRetryable,
       [&](grpc::ClientContext* ctx, v1::AllocResponse* resp) {
@@ -395,6 +396,7 @@ absl::StatusOr<v1::FreeResponse> KvBrokerClient::Free(
   request.mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
   request.set_request_id(options.request_id.empty() ? NewRequestId()
                                                     : options.request_id);
+  request.set_pool_uid(options.pool_uid);
   return Call<v1::FreeResponse>(
       call, Idempotency::kRetryable,
       [&](grpc::ClientContext* ctx, v1::FreeResponse* resp) {
@@ -425,10 +427,12 @@ absl::StatusOr<v1::ReserveResponse> KvBrokerClient::Reserve(
 absl::StatusOr<v1::ReleaseReservationResponse>
 KvBrokerClient::ReleaseReservation(absl::string_view pool,
                                    absl::string_view reservation_id,
+                                   const ReleaseOptions& options,
                                    const CallOptions& call) {
   v1::ReleaseReservationRequest request;
   request.set_pool(std::string(pool));
   request.set_reservation_id(std::string(reservation_id));
+  request.set_pool_uid(options.pool_uid);
   return Call<v1::ReleaseReservationResponse>(
       call, Idempotency::kNone,
       [&](grpc::ClientContext* ctx, v1::ReleaseReservationResponse* resp) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/failure.h"
 #include "server/capacity_watch.h"
@@ -61,6 +62,19 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
   if (!status.ok()) LogFailure(method, pool, status);
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+// OK unless the caller named another incarnation of the pool than `pool`
+// (SPEC 5): then POOL_NOT_FOUND with both uids, and nothing changes.
+absl::Status SameIncarnation(const PagePool& pool, const std::string& uid) {
+  if (uid.empty() || uid == pool.uid()) return absl::OkStatus();
+  return MakeFailure(
+      FailureReason::kPoolNotFound,
+      absl::StrCat("pool ", pool.name(), " is incarnation ", pool.uid(),
+                   ", not ", uid, "; it was deleted and created again since"),
+      {{"pool", pool.name()},
+       {"expected_pool_uid", uid},
+       {"current_pool_uid", pool.uid()}});
 }
 
 // `result`'s value converted into `response`, or its failure.
@@ -175,59 +189,68 @@ grpc::ServerUnaryReactor* KvBrokerService::DeletePool(
 grpc::ServerUnaryReactor* KvBrokerService::Capacity(
     grpc::CallbackServerContext* ctx, const v1::CapacityRequest* request,
     v1::CapacityResponse* response) {
-  return OnPool(ctx, "Capacity", request->pool(), CheckBounds(*request),
-                [&](PagePool& pool) {
-                  if (request->max_pages() < 0) {
-                    return InvalidField("max_pages", "must not be negative");
-                  }
-                  absl::StatusOr<CapacitySnapshot> capacity =
-                      pool.Capacity(CapacityQuery{request->max_pages()});
-                  return Reply(std::move(capacity),
-                               response->mutable_capacity());
-                });
+  return OnPool(
+      ctx, "Capacity", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        if (request->max_pages() < 0) {
+          return InvalidField("max_pages", "must not be negative");
+        }
+        absl::StatusOr<CapacitySnapshot> capacity =
+            pool.Capacity(CapacityQuery{PageListLimit(request->max_pages())});
+        return Reply(std::move(capacity), response->mutable_capacity());
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Alloc(
     grpc::CallbackServerContext* ctx, const v1::AllocRequest* request,
     v1::AllocResponse* response) {
-  return OnPool(ctx, "Alloc", request->pool(), CheckBounds(*request),
-                [&](PagePool& pool) {
-                  KVB_RETURN_IF_ERROR(
-                      CheckReplyFits(request->num_blocks(), pool.geometry()));
-                  return Reply(pool.Alloc(FromProto(*request)), response);
-                });
+  return OnPool(
+      ctx, "Alloc", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
+        KVB_RETURN_IF_ERROR(
+            CheckReplyFits(request->num_blocks(), pool.geometry()));
+        KVB_RETURN_IF_ERROR(Reply(pool.Alloc(FromProto(*request)), response));
+        response->set_pool_uid(pool.uid());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Free(
     grpc::CallbackServerContext* ctx, const v1::FreeRequest* request,
     v1::FreeResponse* response) {
-  return OnPool(ctx, "Free", request->pool(), CheckBounds(*request),
-                [&](PagePool& pool) {
-                  return Reply(pool.Free(FromProto(*request)), response);
-                });
+  return OnPool(
+      ctx, "Free", request->pool(), CheckBounds(*request), [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
+        return Reply(pool.Free(FromProto(*request)), response);
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Reserve(
     grpc::CallbackServerContext* ctx, const v1::ReserveRequest* request,
     v1::ReserveResponse* response) {
-  return OnPool(ctx, "Reserve", request->pool(), CheckBounds(*request),
-                [&](PagePool& pool) {
-                  KVB_RETURN_IF_ERROR(
-                      CheckReplyFits(request->num_blocks(), pool.geometry()));
-                  return Reply(pool.Reserve(FromProto(*request)), response);
-                });
+  return OnPool(
+      ctx, "Reserve", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(
+            CheckReplyFits(request->num_blocks(), pool.geometry()));
+        KVB_RETURN_IF_ERROR(Reply(pool.Reserve(FromProto(*request)), response));
+        response->set_pool_uid(pool.uid());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::ReleaseReservation(
     grpc::CallbackServerContext* ctx,
     const v1::ReleaseReservationRequest* request,
     v1::ReleaseReservationResponse* response) {
-  return OnPool(ctx, "ReleaseReservation", request->pool(),
-                CheckBounds(*request), [&](PagePool& pool) {
-                  return Reply(
-                      pool.ReleaseReservation(request->reservation_id()),
-                      response);
-                });
+  return OnPool(
+      ctx, "ReleaseReservation", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
+        return Reply(pool.ReleaseReservation(request->reservation_id()),
+                     response);
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::SetMemoryLimit(
@@ -273,17 +296,19 @@ grpc::ServerUnaryReactor* KvBrokerService::GetPageOccupancy(
     grpc::CallbackServerContext* ctx,
     const v1::GetPageOccupancyRequest* request,
     v1::GetPageOccupancyResponse* response) {
-  return OnPool(ctx, "GetPageOccupancy", request->pool(), CheckBounds(*request),
-                [&](PagePool& pool) {
-                  std::vector<PageId> ids(request->page_ids().begin(),
-                                          request->page_ids().end());
-                  absl::StatusOr<std::vector<PageOccupancy>> result =
-                      pool.GetPageOccupancy(ids);
-                  if (!result.ok()) return result.status();
-                  for (const PageOccupancy& o : *result)
-                    ToProto(o, response->add_pages());
-                  return absl::OkStatus();
-                });
+  return OnPool(
+      ctx, "GetPageOccupancy", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
+        std::vector<PageId> ids(request->page_ids().begin(),
+                                request->page_ids().end());
+        absl::StatusOr<std::vector<PageOccupancy>> result =
+            pool.GetPageOccupancy(ids);
+        if (!result.ok()) return result.status();
+        for (const PageOccupancy& o : *result)
+          ToProto(o, response->add_pages());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerWriteReactor<v1::WatchCapacityResponse>*
@@ -308,7 +333,8 @@ KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
     LogFailure("WatchCapacity", request->pool(), refused);
     return RefuseCapacityWatch(refused);
   }
-  return StartCapacityWatch(feed_, std::move(pool), request->max_pages());
+  return StartCapacityWatch(feed_, std::move(pool),
+                            PageListLimit(request->max_pages()));
 }
 
 }  // namespace kvbroker

@@ -49,18 +49,6 @@ absl::Status CheckList(absl::string_view field, int size, int limit) {
                                  static_cast<size_t>(limit), "entries");
 }
 
-absl::Status CheckPageList(int64_t max_pages) {
-  if (max_pages <= kMaxPageListEntries) return absl::OkStatus();
-  return MakeFailure(
-      FailureReason::kInvalidArgument,
-      absl::StrCat("max_pages is ", max_pages, "; at most ",
-                   kMaxPageListEntries, " entries are returned"),
-      {{"field", "max_pages"},
-       {"max_pages", Num(max_pages)},
-       {"max_entries", Num(kMaxPageListEntries)}},
-      {{"max_pages", absl::StrCat("at most ", kMaxPageListEntries)}});
-}
-
 }  // namespace
 
 absl::Status CheckBounds(const v1::CreatePoolRequest& request) {
@@ -79,14 +67,15 @@ absl::Status CheckBounds(const v1::DeletePoolRequest& request) {
 }
 
 absl::Status CheckBounds(const v1::CapacityRequest& request) {
-  KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
-  return CheckPageList(request.max_pages());
+  return CheckString("pool", request.pool(), kMaxPoolNameBytes);
 }
 
 absl::Status CheckBounds(const v1::AllocRequest& request) {
   KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
   KVB_RETURN_IF_ERROR(
       CheckString("request_id", request.request_id(), kMaxRequestIdBytes));
+  KVB_RETURN_IF_ERROR(
+      CheckString("pool_uid", request.pool_uid(), kMaxPoolUidBytes));
   return CheckString("reservation_id", request.reservation_id(),
                      kMaxReservationIdBytes);
 }
@@ -95,6 +84,8 @@ absl::Status CheckBounds(const v1::FreeRequest& request) {
   KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
   KVB_RETURN_IF_ERROR(
       CheckString("request_id", request.request_id(), kMaxRequestIdBytes));
+  KVB_RETURN_IF_ERROR(
+      CheckString("pool_uid", request.pool_uid(), kMaxPoolUidBytes));
   return CheckList("block_ids", request.block_ids_size(), kMaxBlockIdsPerCall);
 }
 
@@ -127,6 +118,8 @@ absl::Status CheckBounds(const v1::ReserveRequest& request) {
 
 absl::Status CheckBounds(const v1::ReleaseReservationRequest& request) {
   KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
+  KVB_RETURN_IF_ERROR(
+      CheckString("pool_uid", request.pool_uid(), kMaxPoolUidBytes));
   return CheckString("reservation_id", request.reservation_id(),
                      kMaxReservationIdBytes);
 }
@@ -140,12 +133,17 @@ absl::Status CheckBounds(const v1::TrimRequest& request) {
 }
 
 absl::Status CheckBounds(const v1::WatchCapacityRequest& request) {
-  KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
-  return CheckPageList(request.max_pages());
+  return CheckString("pool", request.pool(), kMaxPoolNameBytes);
+}
+
+int64_t PageListLimit(int64_t max_pages) {
+  return std::min(max_pages, kMaxPageListEntries);
 }
 
 absl::Status CheckBounds(const v1::GetPageOccupancyRequest& request) {
   KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
+  KVB_RETURN_IF_ERROR(
+      CheckString("pool_uid", request.pool_uid(), kMaxPoolUidBytes));
   return CheckList("page_ids", request.page_ids_size(), kMaxPageIdsPerCall);
 }
 

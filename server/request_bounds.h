@@ -12,12 +12,18 @@
 //   pool names (every request, PoolSpec.name)      kMaxPoolNameBytes
 //   request_id (Alloc, Free, Reserve)              kMaxRequestIdBytes
 //   reservation_id (Alloc, ReleaseReservation)     kMaxReservationIdBytes
+//   pool_uid (Alloc, Free, ReleaseReservation,
+//             GetPageOccupancy)                    kMaxPoolUidBytes
 //   PoolSpec.devices                               kMaxDevicesPerPool
 //   Free.block_ids                                 kMaxBlockIdsPerCall
 //   GetPageOccupancy.page_ids                      kMaxPageIdsPerCall
-//   Capacity / WatchCapacity max_pages             kMaxPageListEntries
+//   Capacity / WatchCapacity page list             kMaxPageListEntries
 //   Reserve.ttl                                    (0, kMaxReservationTtl]
 //   Alloc / Reserve num_blocks                     MaxBlocksPerReply(pool)
+//
+// max_pages is a cap, not a list: a larger value (clients send INT64_MAX
+// for "every page") is clamped by PageListLimit rather than refused, and
+// CapacitySnapshot.pages tells the caller how many pages there are.
 //
 // The numbers keep the largest reply of each kind under kMaxReplyBytes:
 // a GetPageOccupancy entry encodes in at most 48 bytes and a page-list
@@ -46,6 +52,7 @@ inline constexpr int64_t kMaxReplyBytes = 4 * 1024 * 1024;
 inline constexpr size_t kMaxPoolNameBytes = 128;  // = Geometry's name rule
 inline constexpr size_t kMaxRequestIdBytes = 256;
 inline constexpr size_t kMaxReservationIdBytes = 128;
+inline constexpr size_t kMaxPoolUidBytes = 64;
 inline constexpr int kMaxDevicesPerPool = 16;
 inline constexpr int kMaxBlockIdsPerCall = 1 << 20;
 inline constexpr int kMaxPageIdsPerCall = 65536;
@@ -66,6 +73,9 @@ absl::Status CheckBounds(const v1::SetMemoryLimitRequest& request);
 absl::Status CheckBounds(const v1::TrimRequest& request);
 absl::Status CheckBounds(const v1::WatchCapacityRequest& request);
 absl::Status CheckBounds(const v1::GetPageOccupancyRequest& request);
+
+// The page-list length a snapshot returns for a caller's max_pages.
+int64_t PageListLimit(int64_t max_pages);
 
 // An upper bound of the encoded size of an Alloc or Reserve reply carrying
 // `num_blocks` blocks of a pool of `geometry`: every block id costs at most
