@@ -73,7 +73,7 @@ void Broker::Notify(const std::string& pool) const {
 }
 
 absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
-    const PoolConfig& config) {
+    const PoolConfig& config, CapacitySnapshot* created_capacity) {
   {
     absl::MutexLock lock(&mu_);
     if (pools_.count(config.name) > 0) {
@@ -99,6 +99,14 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
       PagePool::Create(config, backend_, &budgets_, clock_, std::move(po));
   if (!created.ok()) return created.status();
   std::shared_ptr<PagePool> pool(std::move(*created));
+  if (created_capacity != nullptr) {
+    absl::StatusOr<CapacitySnapshot> capacity = pool->Capacity();
+    if (!capacity.ok()) {
+      (void)pool->Shutdown(/*force=*/true);
+      return capacity.status();
+    }
+    *created_capacity = *std::move(capacity);
+  }
   bool inserted;
   {
     absl::MutexLock lock(&mu_);

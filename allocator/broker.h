@@ -76,8 +76,13 @@ class Broker {
   Broker(const Broker&) = delete;
   Broker& operator=(const Broker&) = delete;
 
-  // Errors: those of PagePool::Create; POOL_ALREADY_EXISTS.
-  absl::StatusOr<std::shared_ptr<PagePool>> CreatePool(const PoolConfig& config)
+  // Errors: those of PagePool::Create; POOL_ALREADY_EXISTS. With
+  // `created`, fills it with the new pool's capacity as of its creation,
+  // taken before any other caller can see the pool: a DeletePool that wins
+  // the race to the reply cannot turn a successful creation into
+  // POOL_NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<PagePool>> CreatePool(
+      const PoolConfig& config, CapacitySnapshot* created = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: POOL_NOT_FOUND.
   absl::StatusOr<std::shared_ptr<PagePool>> GetPool(const std::string& name)

@@ -139,12 +139,11 @@ grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
     }
   }
   return Unary(ctx, "CreatePool", request->pool().name(), admission, [&] {
+    CapacitySnapshot capacity;
     absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->CreatePool(FromProto(request->pool()));
+        broker_->CreatePool(FromProto(request->pool()), &capacity);
     if (!pool.ok()) return pool.status();
-    absl::StatusOr<CapacitySnapshot> capacity = (*pool)->Capacity();
-    if (!capacity.ok()) return capacity.status();
-    ToProto((*pool)->geometry(), *capacity, response->mutable_pool());
+    ToProto((*pool)->geometry(), capacity, response->mutable_pool());
     return absl::OkStatus();
   });
 }
