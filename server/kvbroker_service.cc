@@ -21,13 +21,25 @@
 namespace kvbroker {
 namespace {
 
+// One line per failed call, with the caller's pool name and the message
+// escaped and cut (log.h), at most 20 per second per method and reason.
 void LogFailure(absl::string_view method, absl::string_view pool,
                 const absl::Status& status) {
   const FailureReason reason = GetReason(status);
-  LogLine(
-      "%s pool=%s failed: %s (%s) %s", method, pool,
-      reason == FailureReason::kUnspecified ? "UNTYPED" : ReasonName(reason),
-      absl::StatusCodeToString(status.code()), status.message());
+  const absl::string_view reason_name =
+      reason == FailureReason::kUnspecified ? "UNTYPED" : ReasonName(reason);
+  int64_t suppressed = 0;
+  if (!FailureLogLimiter().Admit(absl::StrCat(method, " ", reason_name),
+                                 absl::Now(), &suppressed)) {
+    return;
+  }
+  LogLine("%s pool=\"%s\" failed: %s (%s) %s%s", method, CallerText(pool),
+          reason_name, absl::StatusCodeToString(status.code()),
+          CallerText(status.message()),
+          suppressed == 0
+              ? ""
+              : absl::StrCat(" (", suppressed,
+                             " similar lines suppressed before this one)"));
 }
 
 // The refusal of a call that is already cancelled or past its deadline.

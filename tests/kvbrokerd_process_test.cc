@@ -238,6 +238,54 @@ TEST(Startup, ATokensFileParseErrorDoesNotEchoTheSecret) {
   rmdir(dir.c_str());
 }
 
+// ===========================================================================
+// The log: caller strings escaped, floods bounded
+
+TEST(Log, RefusedCallsCannotForgeOrFloodTheLog) {
+  const std::string dir = TempDir();
+  const std::string tokens =
+      WriteFile(dir, "tokens.textproto",
+                "tokens { name: \"ops\" token: \"ops-token-0123456789\" pools: "
+                "\"*\" }\n");
+  const std::string socket = NewSocketPath();
+  std::vector<std::string> flags = HostFlags(socket);
+  flags.push_back(absl::StrCat("--auth_tokens=", tokens));
+  DaemonProcess daemon(flags);
+  ASSERT_NE(daemon.WaitServing(), "") << daemon.Stderr();
+  const size_t before = daemon.Stderr().size();
+
+  constexpr char kForged[] =
+      "evil\nkvbrokerd 2099-01-01T00:00:00.000Z FORGED\0tail";
+  const std::string pool(kForged, sizeof(kForged) - 1);
+  Client c(grpc::CreateChannel(absl::StrCat("unix:", socket),
+                               grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 1000; ++i) {  // no token: refused before anything
+    EXPECT_TRUE(
+        IsRefusal(c.Capacity(pool).status, FailureReason::kUnauthenticated));
+  }
+  ASSERT_EQ(kill(daemon.pid(), SIGTERM), 0);
+  ASSERT_EQ(daemon.WaitExit(absl::Seconds(20)), 0);
+  const std::string log = daemon.Stderr().substr(before);
+  EXPECT_FALSE(absl::StrContains(log, "\nkvbrokerd 2099")) << log;
+  EXPECT_EQ(log.find('\0'), std::string::npos);
+  EXPECT_TRUE(absl::StrContains(
+      log,
+      "pool=\"evil\\nkvbrokerd 2099-01-01T00:00:00.000Z FORGED\\x00tail\""))
+      << log;
+  // At most 20 lines per second for one method and reason: the 1000 calls
+  // take well under 50 s, so fewer than 1000 lines.
+  size_t lines = 0;
+  for (size_t at = log.find("failed: UNAUTHENTICATED"); at != std::string::npos;
+       at = log.find("failed: UNAUTHENTICATED", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1u);
+  EXPECT_LT(lines, 1000u) << log.substr(0, 2000);
+  unlink(tokens.c_str());
+  rmdir(dir.c_str());
+  RemoveSocketPath(socket);
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace kvbroker
