@@ -40,7 +40,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 bool IsRetryableFailure(const absl::Status& status) {
   if (status.code() != absl::StatusCode::kUnavailable) return false;
   const v1::Reason reason = GetKvbReason(status);
-  return reason == v1::REASON_UNSPECIFIED || reason == v1::MAPPING_FAILED;
+  return reason == v1::REASON_UNSPECIFIED || reason == v1::MAPPING_FAILED ||
+         reason == v1::DRAINING;  // not run: safe to send again
 }
 
 // The wait before attempt `attempt + 1` (attempt >= 1 has just failed).

@@ -150,7 +150,13 @@ void Daemon::RefreshHealth() {
   if (server_ == nullptr) return;
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health == nullptr) return;
-  const bool healthy = broker_->healthy();  // takes pool locks: not under mu_
+  bool draining;
+  {
+    absl::MutexLock lock(&mu_);
+    draining = draining_;
+  }
+  // Takes pool locks (not under mu_); not needed once draining.
+  const bool healthy = draining || broker_->healthy();
   absl::MutexLock lock(&mu_);
   const bool serving = !draining_ && healthy;
   if (serving_ == serving) return;
@@ -171,15 +177,21 @@ void Daemon::Drain() {
     absl::MutexLock lock(&mu_);
     draining_ = true;
   }
-  stop_health_.Notify();
-  if (health_thread_.joinable()) health_thread_.join();
+  // New calls get DRAINING from here on; those already running finish
+  // before the server shuts down (its shutdown would cancel them). Nothing
+  // here waits for a pool lock: a call may hold one while it maps.
+  service_->BeginDrain();
   RefreshHealth();
   feed_->Close();
-  const auto deadline = std::chrono::system_clock::now() +
-                        std::chrono::microseconds(
-                            absl::ToInt64Microseconds(options_.drain_timeout));
+  stop_health_.Notify();
   const absl::Time start = absl::Now();
-  server_->Shutdown(deadline);
+  const absl::Time drain_deadline = start + options_.drain_timeout;
+  if (const int64_t left = service_->AwaitCallsDone(drain_deadline); left > 0) {
+    LogLine("%d call(s) still running after %s; cancelling them", left,
+            absl::FormatDuration(options_.drain_timeout));
+  }
+  if (health_thread_.joinable()) health_thread_.join();
+  server_->Shutdown(absl::ToChronoTime(drain_deadline));
   server_->Wait();
   LogLine("server stopped after %s", absl::FormatDuration(absl::Now() - start));
   if (unix_file_.has_value() && !unix_file_->Remove()) {

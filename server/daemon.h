@@ -103,8 +103,10 @@ class Daemon {
   absl::Status Start();
 
   // SIGTERM behaviour: health NOT_SERVING, WatchCapacity streams end (OK),
-  // new calls are refused, in-flight calls get `drain_timeout` to finish and
-  // are then cancelled. Returns when the server has stopped. Idempotent.
+  // every new call is refused with DRAINING (UNAVAILABLE with RetryInfo,
+  // never run), calls already running get `drain_timeout` to finish, then
+  // the server shuts down (cancelling what still runs, which a bounded
+  // Alloc never does). Returns when the server has stopped. Idempotent.
   void Drain() ABSL_LOCKS_EXCLUDED(drain_mu_, mu_);
 
   Broker* broker() { return broker_.get(); }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/failure.h"
 #include "server/capacity_watch.h"
+#include "server/drain_gate.h"
 #include "server/log.h"
 #include "server/proto_convert.h"
 #include "server/request_bounds.h"
@@ -52,15 +53,23 @@ std::optional<grpc::Status> Expired(grpc::CallbackServerContext* ctx) {
   return std::nullopt;
 }
 
-// Finishes a unary call: refuses it when `admission` failed (see
-// KvBrokerService::Admit) or it has expired; otherwise runs `body` (which
-// fills the response) and finishes with its converted status.
+// Finishes a unary call: refuses it when the daemon is draining (`gate`
+// closed: DRAINING), when `admission` failed (see KvBrokerService::Admit) or
+// when it has expired; otherwise runs `body` (which fills the response) and
+// finishes with its converted status, counted by `gate` until then.
 template <typename Body>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
-                                absl::string_view method,
+                                DrainGate& gate, absl::string_view method,
                                 absl::string_view pool,
                                 const absl::Status& admission, Body&& body) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status draining;
+  const DrainGate::Pass pass = gate.Enter(&draining);
+  if (!pass.admitted()) {
+    LogFailure(method, pool, draining);
+    reactor->Finish(ToGrpcStatus(draining));
+    return reactor;
+  }
   if (!admission.ok()) {
     LogFailure(method, pool, admission);
     reactor->Finish(ToGrpcStatus(admission));
@@ -130,7 +139,7 @@ grpc::ServerUnaryReactor* KvBrokerService::OnPool(
     const std::string& pool, const absl::Status& bounds, Body&& body) {
   const absl::Status admission =
       bounds.ok() ? Admit(ctx, method, pool) : bounds;
-  return Unary(ctx, method, pool, admission, [&] {
+  return Unary(ctx, gate_, method, pool, admission, [&] {
     absl::StatusOr<std::shared_ptr<PagePool>> found = broker_->GetPool(pool);
     if (!found.ok()) return found.status();
     return body(**found);
@@ -150,14 +159,15 @@ grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
           AccessPolicy::AuthorizeCreate(**grant, request->pool().name());
     }
   }
-  return Unary(ctx, "CreatePool", request->pool().name(), admission, [&] {
-    CapacitySnapshot capacity;
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->CreatePool(FromProto(request->pool()), &capacity);
-    if (!pool.ok()) return pool.status();
-    ToProto((*pool)->geometry(), capacity, response->mutable_pool());
-    return absl::OkStatus();
-  });
+  return Unary(
+      ctx, gate_, "CreatePool", request->pool().name(), admission, [&] {
+        CapacitySnapshot capacity;
+        absl::StatusOr<std::shared_ptr<PagePool>> pool =
+            broker_->CreatePool(FromProto(request->pool()), &capacity);
+        if (!pool.ok()) return pool.status();
+        ToProto((*pool)->geometry(), capacity, response->mutable_pool());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::GetPool(
@@ -176,7 +186,7 @@ grpc::ServerUnaryReactor* KvBrokerService::ListPools(
     grpc::CallbackServerContext* ctx, const v1::ListPoolsRequest* /*request*/,
     v1::ListPoolsResponse* response) {
   absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
-  return Unary(ctx, "ListPools", "", grant.status(), [&] {
+  return Unary(ctx, gate_, "ListPools", "", grant.status(), [&] {
     for (const std::shared_ptr<PagePool>& pool : broker_->ListPools()) {
       if (*grant != nullptr && !(*grant)->Allows(pool->name())) continue;
       absl::StatusOr<CapacitySnapshot> capacity = pool->Capacity();
@@ -192,7 +202,7 @@ grpc::ServerUnaryReactor* KvBrokerService::DeletePool(
     v1::DeletePoolResponse* /*response*/) {
   absl::Status admission = CheckBounds(*request);
   if (admission.ok()) admission = Admit(ctx, "DeletePool", request->pool());
-  return Unary(ctx, "DeletePool", request->pool(), admission, [&] {
+  return Unary(ctx, gate_, "DeletePool", request->pool(), admission, [&] {
     return broker_->DeletePool(request->pool(), request->force());
   });
 }

@@ -42,6 +42,7 @@
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "server/access.h"
 #include "server/change_feed.h"
+#include "server/drain_gate.h"
 
 namespace kvbroker {
 
@@ -51,6 +52,15 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   // (nullable: every call is admitted) must outlive the service.
   KvBrokerService(Broker* broker, std::shared_ptr<ChangeFeed> feed,
                   const AccessPolicy* access = nullptr);
+
+  // SIGTERM: every unary call from now on is refused with DRAINING
+  // (UNAVAILABLE, RetryInfo) without running. Idempotent.
+  void BeginDrain() { gate_.Close(); }
+  // Waits until the unary calls admitted before BeginDrain have finished,
+  // or `deadline`; returns how many still run.
+  int64_t AwaitCallsDone(absl::Time deadline) {
+    return gate_.AwaitIdle(deadline);
+  }
 
   KvBrokerService(const KvBrokerService&) = delete;
   KvBrokerService& operator=(const KvBrokerService&) = delete;
@@ -118,6 +128,8 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   Broker* const broker_;
   const std::shared_ptr<ChangeFeed> feed_;
   const AccessPolicy* const access_;
+  // Every unary call passes it; closed by BeginDrain.
+  DrainGate gate_;
 };
 
 }  // namespace kvbroker

@@ -125,6 +125,10 @@ DetailPlan PlanFor(const Failure& f) {
       p.retry = true;
       p.retry_delay = kMappingRetryDelay;
       break;
+    case FailureReason::kDraining:
+      p.retry = true;
+      p.retry_delay = kDrainingRetryDelay;
+      break;
     case FailureReason::kUnspecified:
     case FailureReason::kInvalidGeometry:
     case FailureReason::kInvalidArgument:

@@ -21,7 +21,8 @@
 //     (a pool, "kvbroker.v1.Pool"; a reservation, "kvbroker.v1.Reservation");
 //   - google.rpc.RetryInfo where waiting and retrying can help:
 //     MAPPING_FAILED (kMappingRetryDelay) and GPU_MEMORY_EXHAUSTED
-//     (kBudgetRetryDelay, the broker's budget refresh interval).
+//     (kBudgetRetryDelay, the broker's budget refresh interval), and
+//     DRAINING (kDrainingRetryDelay).
 // Size: the message, every metadata key and value and every field
 // violation are cut to the limits below (at a UTF-8 boundary, marked
 // "...(N more bytes)"), at most kMaxErrorMetadataEntries metadata entries
@@ -64,6 +65,8 @@ inline constexpr absl::string_view kErrorDomain = "kvbroker";
 // RetryInfo.retry_delay of MAPPING_FAILED and GPU_MEMORY_EXHAUSTED.
 inline constexpr absl::Duration kMappingRetryDelay = absl::Milliseconds(100);
 inline constexpr absl::Duration kBudgetRetryDelay = absl::Seconds(1);
+// RetryInfo.retry_delay of DRAINING: about a restart's time.
+inline constexpr absl::Duration kDrainingRetryDelay = absl::Seconds(1);
 
 // Size limits of a status on the wire (see above).
 inline constexpr size_t kMaxErrorMessageBytes = 256;
