@@ -107,6 +107,17 @@ absl::StatusOr<const AccessPolicy::Grant*> AccessPolicy::Authenticate(
   return found;
 }
 
+absl::StatusOr<const AccessPolicy::Grant*> AccessPolicy::Authenticate(
+    const std::vector<absl::string_view>& authorization) const {
+  if (authorization.size() > 1) {
+    return Unauthenticated(absl::StrCat("the call carries ",
+                                        authorization.size(),
+                                        " authorization headers; send one"));
+  }
+  return Authenticate(authorization.empty() ? absl::string_view()
+                                            : authorization.front());
+}
+
 absl::Status AccessPolicy::Authorize(const Grant& grant, absl::string_view pool,
                                      absl::string_view method) {
   if (grant.Allows(pool)) return absl::OkStatus();

@@ -54,6 +54,10 @@ class AccessPolicy {
   // credential, or unknown.
   absl::StatusOr<const Grant*> Authenticate(
       absl::string_view authorization) const;
+  // The same for a call's every `authorization` header: exactly one must be
+  // present (two or more are refused: which one would count is ambiguous).
+  absl::StatusOr<const Grant*> Authenticate(
+      const std::vector<absl::string_view>& authorization) const;
 
   // OK when `grant` covers `pool`; otherwise a PERMISSION_DENIED failure
   // naming the grant, the pool and the method.

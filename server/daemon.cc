@@ -23,11 +23,13 @@ namespace kvbroker {
 namespace {
 
 // Plugins that every ServerBuilder of the process picks up. gRPC's Init*
-// functions guard against double registration themselves.
-void RegisterGlobalPlugins() {
+// functions guard against double registration themselves. Channelz shows
+// every client's address, so it is registered only when asked for (and,
+// being process-wide, stays registered for later servers of the process).
+void RegisterGlobalPlugins(bool channelz) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::channelz::experimental::InitChannelzService();
+  if (channelz) grpc::channelz::experimental::InitChannelzService();
 }
 
 std::string WithPort(const std::string& listen, int port) {
@@ -93,8 +95,10 @@ absl::Status Daemon::Start() {
   if (server_ != nullptr) {
     return absl::FailedPreconditionError("the daemon is already serving");
   }
-  RegisterGlobalPlugins();
+  RegisterGlobalPlugins(options_.channelz);
   grpc::ServerBuilder builder;
+  if (!options_.channelz)
+    builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
   // A second daemon on the same port must fail, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (!options_.listen.empty()) {

@@ -11,7 +11,8 @@
 //     `health_interval`); a pool that FAILED alone leaves health SERVING;
 //   - server reflection, v1alpha (gRPC's plugin) and v1 (reflection_v1.h),
 //     both resolving google.rpc.ErrorInfo and the other error details;
-//   - channelz (grpc.channelz.v1.Channelz).
+//   - channelz (grpc.channelz.v1.Channelz), only with options.channelz: it
+//     shows every client's address to anyone who can connect.
 //
 // Lifecycle:
 //   auto d = Daemon::Create(&backend, broker_options, options);
@@ -67,6 +68,8 @@ struct DaemonOptions {
   // Bearer tokens scoped to pools (access.h), on both listeners; null:
   // every call is admitted.
   std::shared_ptr<const AccessPolicy> access;
+  // Serve channelz (and keep its per-call statistics). Off by default.
+  bool channelz = false;
   // More services served beside KvBroker by the same server (benchmarks
   // register their baseline ping here). Not owned; must outlive the daemon.
   std::vector<grpc::Service*> extra_services;

@@ -116,12 +116,12 @@ KvBrokerService::KvBrokerService(Broker* broker,
 absl::StatusOr<const AccessPolicy::Grant*> KvBrokerService::Authenticate(
     grpc::CallbackServerContext* ctx) const {
   if (access_ == nullptr) return nullptr;
-  const auto& metadata = ctx->client_metadata();
-  auto it = metadata.find("authorization");
-  return access_->Authenticate(
-      it == metadata.end()
-          ? absl::string_view()
-          : absl::string_view(it->second.data(), it->second.size()));
+  std::vector<absl::string_view> headers;
+  const auto range = ctx->client_metadata().equal_range("authorization");
+  for (auto it = range.first; it != range.second; ++it) {
+    headers.emplace_back(it->second.data(), it->second.size());
+  }
+  return access_->Authenticate(headers);
 }
 
 absl::Status KvBrokerService::Admit(grpc::CallbackServerContext* ctx,

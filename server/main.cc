@@ -1,7 +1,8 @@
 // kvbrokerd: the per-node daemon that brokers GPU memory for LLM KV caches.
 //
 // Parses flags, builds the backend, creates the pools of --pools, serves
-// kvbroker.v1.KvBroker (plus health, reflection and channelz) on TCP and/or a
+// kvbroker.v1.KvBroker (plus health, reflection, and channelz when asked
+// for) on TCP and/or a
 // Unix socket, with TLS and bearer tokens when configured, Prometheus
 // metrics over HTTP on --metrics_listen, and drains on SIGTERM or SIGINT
 // (exit status 0).
@@ -116,6 +117,10 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "token: \"...\" pools: \"*\" }'). With it every KvBroker call "
           "on either listener needs 'authorization: Bearer TOKEN'; health, "
           "reflection and channelz stay open. Keep the file private.");
+ABSL_FLAG(bool, channelz, false,
+          "Serve grpc.channelz.v1.Channelz (connection and call statistics). "
+          "Off by default: it shows every client's address to anyone who "
+          "can connect, token or not.");
 
 namespace kvbroker {
 namespace {
@@ -283,6 +288,7 @@ int Run() {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.channelz = absl::GetFlag(FLAGS_channelz);
   options.tcp_credentials = *tls;
   options.access = *access;
   if (options.access != nullptr) {

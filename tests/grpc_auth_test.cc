@@ -204,6 +204,22 @@ TEST_F(GrpcAuth, MissingOrUnknownTokensAreUnauthenticated) {
   }
 }
 
+TEST_F(GrpcAuth, TwoAuthorizationHeadersAreRefused) {
+  auto stub = v1::KvBroker::NewStub(TlsChannel(rig_));
+  // A valid token and another: which one counts would be ambiguous.
+  for (const char* second : {kAdmin, kEngine}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kAdmin);
+    ctx.AddMetadata("authorization", std::string("Bearer ") + second);
+    v1::CapacityRequest req;
+    req.set_pool("theirs");
+    v1::CapacityResponse resp;
+    grpc::Status s = stub->Capacity(&ctx, req, &resp);
+    EXPECT_TRUE(IsRefusal(s, FailureReason::kUnauthenticated))
+        << s.error_message();
+  }
+}
+
 TEST_F(GrpcAuth, HealthNeedsNoToken) {
   auto health = grpc::health::v1::Health::NewStub(TlsChannel(rig_));
   grpc::ClientContext ctx;

@@ -4,6 +4,10 @@
 // without internal formats or secrets; caller strings reach the log escaped,
 // truncated and rate-limited.
 
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -236,6 +240,41 @@ TEST(Startup, ATokensFileParseErrorDoesNotEchoTheSecret) {
   EXPECT_TRUE(absl::StrContains(err, "line 2 column")) << err;
   unlink(tokens.c_str());
   rmdir(dir.c_str());
+}
+
+// ===========================================================================
+// Channelz: off unless asked for
+
+grpc::Status CallChannelz(int port) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                     grpc::InsecureChannelCredentials());
+  static const grpc::internal::RpcMethod kGetTopChannels(
+      "/grpc.channelz.v1.Channelz/GetTopChannels",
+      grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1), response;  // GetTopChannelsRequest{}
+  grpc::ClientContext ctx;
+  return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel.get(), kGetTopChannels, &ctx, request, &response);
+}
+
+TEST(Channelz, IsServedOnlyWithTheFlag) {
+  for (bool on : {false, true}) {
+    std::vector<std::string> flags = {"--backend=host", "--listen=127.0.0.1:0",
+                                      "--min_idle_pages=0",
+                                      "--host_device_memory=1GiB"};
+    if (on) flags.push_back("--channelz");
+    DaemonProcess daemon(flags);
+    const std::string line = daemon.WaitServing();
+    ASSERT_NE(line, "") << daemon.Stderr();
+    const grpc::Status s = CallChannelz(DaemonProcess::PortOf(line));
+    if (on) {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED)
+          << s.error_message();
+    }
+  }
 }
 
 // ===========================================================================
