@@ -3,6 +3,8 @@
 
 #include "server/kvbroker_service.h"
 
+#include <grpc/grpc_security_constants.h>
+
 #include <chrono>
 #include <optional>
 #include <string>
@@ -113,24 +115,39 @@ KvBrokerService::KvBrokerService(Broker* broker,
                                  const AccessPolicy* access)
     : broker_(broker), feed_(std::move(feed)), access_(access) {}
 
-absl::StatusOr<const AccessPolicy::Grant*> KvBrokerService::Authenticate(
+absl::StatusOr<AccessPolicy::Caller> KvBrokerService::Authenticate(
     grpc::CallbackServerContext* ctx) const {
-  if (access_ == nullptr) return nullptr;
+  if (access_ == nullptr) return AccessPolicy::Caller();
   std::vector<absl::string_view> headers;
   const auto range = ctx->client_metadata().equal_range("authorization");
   for (auto it = range.first; it != range.second; ++it) {
     headers.emplace_back(it->second.data(), it->second.size());
   }
-  return access_->Authenticate(headers);
+  // A call over TLS (the TCP listener with certificates): its client
+  // certificate's subject alternative names.
+  std::vector<std::string> sans;
+  bool tls = false;
+  if (const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+      auth != nullptr) {
+    for (const grpc::string_ref& v :
+         auth->FindPropertyValues(GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME)) {
+      tls |= v == GRPC_SSL_TRANSPORT_SECURITY_TYPE;
+    }
+    for (const grpc::string_ref& v :
+         auth->FindPropertyValues(GRPC_X509_SAN_PROPERTY_NAME)) {
+      sans.emplace_back(v.data(), v.size());
+    }
+  }
+  return access_->Identify(headers, tls ? &sans : nullptr);
 }
 
 absl::Status KvBrokerService::Admit(grpc::CallbackServerContext* ctx,
                                     absl::string_view method,
                                     absl::string_view pool) const {
   if (access_ == nullptr) return absl::OkStatus();
-  absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
-  if (!grant.ok()) return grant.status();
-  return AccessPolicy::Authorize(**grant, pool, method);
+  absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return caller.status();
+  return AccessPolicy::Authorize(*caller, pool, method);
 }
 
 template <typename Body>
@@ -151,13 +168,10 @@ grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
     v1::CreatePoolResponse* response) {
   absl::Status admission = CheckBounds(*request);
   if (admission.ok()) {
-    absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
-    if (!grant.ok()) {
-      admission = grant.status();
-    } else if (*grant != nullptr) {
-      admission =
-          AccessPolicy::AuthorizeCreate(**grant, request->pool().name());
-    }
+    absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
+    admission = caller.ok() ? AccessPolicy::AuthorizeCreate(
+                                  *caller, request->pool().name())
+                            : caller.status();
   }
   return Unary(
       ctx, gate_, "CreatePool", request->pool().name(), admission, [&] {
@@ -185,10 +199,10 @@ grpc::ServerUnaryReactor* KvBrokerService::GetPool(
 grpc::ServerUnaryReactor* KvBrokerService::ListPools(
     grpc::CallbackServerContext* ctx, const v1::ListPoolsRequest* /*request*/,
     v1::ListPoolsResponse* response) {
-  absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
-  return Unary(ctx, gate_, "ListPools", "", grant.status(), [&] {
+  absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
+  return Unary(ctx, gate_, "ListPools", "", caller.status(), [&] {
     for (const std::shared_ptr<PagePool>& pool : broker_->ListPools()) {
-      if (*grant != nullptr && !(*grant)->Allows(pool->name())) continue;
+      if (!caller->Allows(pool->name())) continue;
       absl::StatusOr<CapacitySnapshot> capacity = pool->Capacity();
       if (!capacity.ok()) continue;  // deleted meanwhile
       ToProto(pool->geometry(), *capacity, response->add_pools());

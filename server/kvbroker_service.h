@@ -109,8 +109,8 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
       v1::GetPageOccupancyResponse* response) override;
 
  private:
-  // The caller's grant; nullptr (and OK) without an access policy.
-  absl::StatusOr<const AccessPolicy::Grant*> Authenticate(
+  // The caller's grants (none without an access policy).
+  absl::StatusOr<AccessPolicy::Caller> Authenticate(
       grpc::CallbackServerContext* ctx) const;
   // Authenticates and authorizes a call that names `pool`.
   absl::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method,

@@ -114,8 +114,12 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, auth_tokens, "",
           "File of bearer tokens scoped to pools, in protobuf text format "
           "(kvbroker.v1.AuthTokensFile: 'tokens { name: \"scheduler\" "
-          "token: \"...\" pools: \"*\" }'). With it every KvBroker call "
-          "on either listener needs 'authorization: Bearer TOKEN'; health, "
+          "token: \"...\" pools: \"*\" }'). With tokens, every KvBroker "
+          "call on either listener needs 'authorization: Bearer TOKEN'. "
+          "'identities { name: \"sched\" san: \"scheduler.example.com\" "
+          "pools: \"*\" }' entries (need --tls_client_ca) scope client "
+          "certificates by subject alternative name: a TLS client whose "
+          "certificate matches none is refused. Health, "
           "reflection and channelz stay open. Keep the file private.");
 ABSL_FLAG(bool, channelz, false,
           "Serve grpc.channelz.v1.Channelz (connection and call statistics). "
@@ -269,6 +273,12 @@ int Run() {
   if (!tls.ok()) return Fail(tls.status());
   absl::StatusOr<std::shared_ptr<const AccessPolicy>> access = ReadAuthTokens();
   if (!access.ok()) return Fail(access.status());
+  if (*access != nullptr && (*access)->has_identities() &&
+      absl::GetFlag(FLAGS_tls_client_ca).empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--auth_tokens lists client identities, which need mutual TLS "
+        "(--tls_client_ca)"));
+  }
 
   HostBackendOptions host_options;
   host_options.device_count =
