@@ -7,6 +7,12 @@
 // Then QPS with 64 calls in flight (callback client), ping against Capacity and
 // Alloc+Free. Targets: p50 <= 1.10 x ping, p99 <= 1.20 x ping, QPS >= 0.9 x
 // ping.
+//
+// --mode=watchers: Alloc(16)+Free throughput on one pool (QPS phase, same
+// calls in flight) with --watchers WatchCapacity streams of that pool open,
+// against the same with none, alternating within one run. The watchers are
+// idle clients: each reads and discards every snapshot it is sent. Target:
+// >= 0.9 x the throughput without watchers.
 
 #include <grpcpp/grpcpp.h>
 
@@ -33,6 +39,15 @@ ABSL_FLAG(int, rounds, 7, "rounds of the latency phases");
 ABSL_FLAG(int, inflight, 64, "calls in flight in the QPS phase");
 ABSL_FLAG(double, qps_seconds, 3, "seconds per QPS phase");
 ABSL_FLAG(std::string, transport, "tcp", "tcp or unix");
+ABSL_FLAG(std::string, mode, "latency",
+          "latency (RPCs against ping) or watchers (Alloc+Free with and "
+          "without open WatchCapacity streams)");
+ABSL_FLAG(int, watchers, 400,
+          "watchers mode: streams open in the loaded phase");
+ABSL_FLAG(double, watch_offers_per_second, -1,
+          "the daemon's watch fan-out budget; -1: its default");
+ABSL_FLAG(int, watch_interval_ms, -1,
+          "the daemon's watch notifier interval; -1: its default");
 
 namespace kvbroker {
 namespace {
@@ -97,7 +112,147 @@ double Qps(const std::function<void(std::function<void()>)>& start,
   return completed / absl::ToDoubleSeconds(absl::Now() - t0);
 }
 
+// An idle WatchCapacity client: reads and drops every snapshot.
+class IdleWatcher final
+    : public grpc::ClientReadReactor<v1::WatchCapacityResponse> {
+ public:
+  void Start(v1::KvBroker::Stub* stub, const std::string& pool) {
+    request_.set_pool(pool);
+    stub->async()->WatchCapacity(&ctx_, &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    {
+      absl::MutexLock lock(&mu_);
+      ++reads_;
+    }
+    StartRead(&response_);
+  }
+  void OnDone(const grpc::Status& /*status*/) override {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+  void AwaitFirstSnapshot() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &IdleWatcher::HasReadOrEnded));
+    if (reads_ == 0) Die("a watcher ended before its first snapshot");
+  }
+  void CancelAndWait() {
+    ctx_.TryCancel();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+  }
+  int64_t reads() {
+    absl::MutexLock lock(&mu_);
+    return reads_;
+  }
+
+ private:
+  bool HasReadOrEnded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return reads_ > 0 || done_;
+  }
+
+  grpc::ClientContext ctx_;
+  v1::WatchCapacityRequest request_;
+  v1::WatchCapacityResponse response_;
+  absl::Mutex mu_;
+  int64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One Alloc(16) on pool "bench", then the Free of its blocks: two RPCs per
+// completion.
+void AllocFreeAsync(v1::KvBroker::Stub* kvb, std::function<void()> done) {
+  auto* ctx = new grpc::ClientContext;
+  auto* req = new v1::AllocRequest;
+  req->set_pool("bench");
+  req->set_num_blocks(16);
+  auto* resp = new v1::AllocResponse;
+  kvb->async()->Alloc(ctx, req, resp, [=](grpc::Status s) {
+    if (!s.ok()) Die("async alloc: " + s.error_message());
+    auto* fctx = new grpc::ClientContext;
+    auto* freq = new v1::FreeRequest;
+    freq->set_pool("bench");
+    for (const auto& pb : resp->pages()) {
+      freq->mutable_block_ids()->Add(pb.block_ids().begin(),
+                                     pb.block_ids().end());
+    }
+    auto* fresp = new v1::FreeResponse;
+    delete ctx;
+    delete req;
+    delete resp;
+    kvb->async()->Free(fctx, freq, fresp, [=](grpc::Status fs) {
+      if (!fs.ok()) Die("async free");
+      delete fctx;
+      delete freq;
+      delete fresp;
+      done();
+    });
+  });
+}
+
+// --mode=watchers; see the file comment. Rounds alternate: no watcher, then
+// --watchers streams opened (each has its first snapshot before the phase
+// starts) and closed again after it.
+int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb) {
+  const int count = absl::GetFlag(FLAGS_watchers);
+  const int inflight = absl::GetFlag(FLAGS_inflight);
+  const double secs = absl::GetFlag(FLAGS_qps_seconds);
+  // The watchers come over their own connections, as separate clients do.
+  constexpr int kWatchChannels = 8;
+  std::vector<std::unique_ptr<v1::KvBroker::Stub>> watch_stubs;
+  for (int i = 0; i < kWatchChannels; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("kvbroker.bench.watch_channel", i);  // a connection each
+    watch_stubs.push_back(v1::KvBroker::NewStub(grpc::CreateCustomChannel(
+        target, grpc::InsecureChannelCredentials(), args)));
+  }
+  auto allocfree = [&](std::function<void()> done) {
+    AllocFreeAsync(kvb, std::move(done));
+  };
+  Qps(allocfree, inflight, secs / 2);  // warm-up
+  std::vector<double> alone, watched, ratios;
+  int64_t snapshots = 0;
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    alone.push_back(2 * Qps(allocfree, inflight, secs));
+    std::vector<std::unique_ptr<IdleWatcher>> watchers;
+    for (int i = 0; i < count; ++i) {
+      watchers.push_back(std::make_unique<IdleWatcher>());
+      watchers.back()->Start(watch_stubs[i % kWatchChannels].get(), "bench");
+    }
+    for (auto& w : watchers) w->AwaitFirstSnapshot();
+    int64_t before = 0;
+    for (auto& w : watchers) before += w->reads();
+    watched.push_back(2 * Qps(allocfree, inflight, secs));
+    for (auto& w : watchers) snapshots += w->reads();
+    snapshots -= before;
+    for (auto& w : watchers) w->CancelAndWait();
+    ratios.push_back(watched.back() / alone.back());
+    std::printf(
+        "round %d: Alloc+Free(16) %.0f RPC/s alone, %.0f with %d "
+        "watchers (%.3fx)\n",
+        round, alone.back(), watched.back(), count, ratios.back());
+  }
+  std::printf(
+      "\nwatchers, %d in flight over %s: Alloc+Free(16) %.0f RPC/s alone, "
+      "%.0f with %d idle watchers: %.3fx (median of %d rounds; %.1f "
+      "snapshots per watcher per loaded second)\n",
+      inflight,
+      target.rfind("unix:", 0) == 0 ? "a Unix socket" : "loopback TCP",
+      Median(alone), Median(watched), count, Median(ratios),
+      absl::GetFlag(FLAGS_rounds),
+      static_cast<double>(snapshots) /
+          (count * secs * absl::GetFlag(FLAGS_rounds)));
+  return 0;
+}
+
 int Main() {
+  const bool watchers_mode = absl::GetFlag(FLAGS_mode) == "watchers";
+  if (!watchers_mode && absl::GetFlag(FLAGS_mode) != "latency") {
+    Die("--mode must be latency or watchers");
+  }
   HostBackend host(HostBackendOptions{1, Bytes(int64_t{1} << 40), MiB(2)});
   BrokerOptions bo;
   bo.min_idle_pages = 4;
@@ -109,6 +264,12 @@ int Main() {
   dopt.unix_socket = unix ? sock : "";
   PingService ping_service;
   dopt.extra_services.push_back(&ping_service);
+  if (const int ms = absl::GetFlag(FLAGS_watch_interval_ms); ms >= 0) {
+    dopt.watch.min_interval = absl::Milliseconds(ms);
+  }
+  if (const double r = absl::GetFlag(FLAGS_watch_offers_per_second); r >= 0) {
+    dopt.watch.max_offers_per_second = r;
+  }
   auto daemon = Daemon::Create(&host, bo, dopt);
   if (!daemon.ok()) Die(daemon.status().ToString());
   if (auto s = (*daemon)->Start(); !s.ok()) Die(s.ToString());
@@ -193,6 +354,12 @@ int Main() {
     grpc::ClientContext ctx;
     if (!kvb->Free(&ctx, free_req, &free_resp).ok()) Die("free");
   };
+
+  if (watchers_mode) {
+    const int rc = WatchersMode(target, kvb);
+    (*daemon)->Drain();
+    return rc;
+  }
 
   const int n = absl::GetFlag(FLAGS_calls);
   // Each measured RPC is interleaved call by call with a ping, so both see
@@ -282,34 +449,8 @@ int Main() {
       done();
     });
   };
-  // One Alloc(16), then the Free of its blocks: two RPCs per completion.
   auto allocfree_async = [&](std::function<void()> done) {
-    auto* ctx = new grpc::ClientContext;
-    auto* req = new v1::AllocRequest;
-    req->set_pool("bench");
-    req->set_num_blocks(16);
-    auto* resp = new v1::AllocResponse;
-    kvb->async()->Alloc(ctx, req, resp, [=](grpc::Status s) {
-      if (!s.ok()) Die("async alloc: " + s.error_message());
-      auto* fctx = new grpc::ClientContext;
-      auto* freq = new v1::FreeRequest;
-      freq->set_pool("bench");
-      for (const auto& pb : resp->pages()) {
-        freq->mutable_block_ids()->Add(pb.block_ids().begin(),
-                                       pb.block_ids().end());
-      }
-      auto* fresp = new v1::FreeResponse;
-      delete ctx;
-      delete req;
-      delete resp;
-      kvb->async()->Free(fctx, freq, fresp, [=](grpc::Status fs) {
-        if (!fs.ok()) Die("async free");
-        delete fctx;
-        delete freq;
-        delete fresp;
-        done();
-      });
-    });
+    AllocFreeAsync(kvb, std::move(done));
   };
   std::vector<double> qps_ping, qps_capacity, qps_allocfree;
   for (int round = 0; round < 3; ++round) {

@@ -95,7 +95,8 @@ ABSL_FLAG(bool, force, false,
           "delete-pool: delete even with allocated or reserved blocks.");
 ABSL_FLAG(std::string, pages, "",
           "capacity, watch: also list pages in consumption order; --pages "
-          "alone lists all of them, --pages=N at most N.");
+          "alone lists as many as kvbrokerd returns by default (4096, its "
+          "--max_page_list), --pages=N at most N.");
 ABSL_FLAG(std::string, request_id, "",
           "alloc, free, reserve: idempotency key (default: a random one, "
           "reused across retries).");
@@ -257,11 +258,15 @@ absl::StatusOr<int64_t> SizeArg(const std::string& text,
   return v;
 }
 
-// --pages: "" none, "all" every page, N at most N.
+// The default of kvbrokerd --max_page_list: the longest page list a daemon
+// with default flags returns.
+constexpr int64_t kDefaultMaxPageList = 4096;
+
+// --pages: "" none, "all" as many as the daemon's default bound, N at most N.
 absl::StatusOr<int64_t> PagesFlag() {
   const std::string pages = absl::GetFlag(FLAGS_pages);
   if (pages.empty()) return 0;
-  if (pages == "all") return std::numeric_limits<int64_t>::max();
+  if (pages == "all") return kDefaultMaxPageList;
   absl::StatusOr<int64_t> n = IntArg(pages, "--pages");
   if (n.ok() && *n <= 0)
     return absl::InvalidArgumentError("--pages: must be > 0");

@@ -22,10 +22,6 @@
 namespace kvbroker {
 namespace {
 
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-}
-
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   if (path.empty()) return std::string();
   std::ifstream in(path, std::ios::binary);
@@ -79,76 +75,6 @@ std::vector<int64_t> FlattenPages(const Container& pages) {
 bool IsCapacityRefusal(v1::Reason reason) {
   return reason == v1::POOL_EXHAUSTED || reason == v1::GPU_MEMORY_EXHAUSTED ||
          reason == v1::SHRINK_PENDING || reason == v1::REQUEST_TOO_LARGE;
-}
-
-absl::Status KvbStatusFromGrpc(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  absl::Status out(static_cast<absl::StatusCode>(status.error_code()),
-                   status.error_message());
-  google::rpc::Status rpc;
-  if (!status.error_details().empty() &&
-      rpc.ParseFromString(status.error_details())) {
-    out.SetPayload(kKvbErrorPayloadUrl, absl::Cord(status.error_details()));
-  }
-  return out;
-}
-
-std::optional<KvbError> GetKvbError(const absl::Status& status) {
-  if (status.ok()) return std::nullopt;
-  KvbError e;
-  e.code = static_cast<grpc::StatusCode>(status.code());
-  e.message = std::string(status.message());
-  e.reason_name = v1::Reason_Name(v1::REASON_UNSPECIFIED);
-  auto payload = status.GetPayload(kKvbErrorPayloadUrl);
-  if (!payload.has_value() ||
-      !e.details.ParseFromString(std::string(*payload))) {
-    return e;
-  }
-  bool have_info = false;
-  for (const google::protobuf::Any& any : e.details.details()) {
-    google::rpc::ErrorInfo info;
-    google::rpc::BadRequest bad;
-    google::rpc::RetryInfo retry;
-    if (!have_info && any.Is<google::rpc::ErrorInfo>() && any.UnpackTo(&info) &&
-        info.domain() == kKvbErrorDomain) {
-      have_info = true;
-      e.reason_name = info.reason();
-      v1::Reason reason;
-      e.reason = v1::Reason_Parse(info.reason(), &reason)
-                     ? reason
-                     : v1::REASON_UNSPECIFIED;
-      e.metadata.insert(info.metadata().begin(), info.metadata().end());
-    } else if (any.Is<google::rpc::BadRequest>() && any.UnpackTo(&bad)) {
-      e.field_violations.assign(bad.field_violations().begin(),
-                                bad.field_violations().end());
-    } else if (any.Is<google::rpc::RetryInfo>() && any.UnpackTo(&retry)) {
-      e.retry_delay = FromProto(retry.retry_delay());
-    }
-  }
-  return e;
-}
-
-v1::Reason GetKvbReason(const absl::Status& status) {
-  std::optional<KvbError> e = GetKvbError(status);
-  return e.has_value() ? e->reason : v1::REASON_UNSPECIFIED;
-}
-
-std::string KvbError::ToString() const {
-  const std::string code_name =
-      absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
-  std::string out =
-      reason_name == v1::Reason_Name(v1::REASON_UNSPECIFIED)
-          ? absl::StrCat(code_name, ": ", message)
-          : absl::StrCat(reason_name, " (", code_name, "): ", message);
-  if (!metadata.empty()) {
-    absl::StrAppend(&out, " {",
-                    absl::StrJoin(metadata, ", ", absl::PairFormatter("=")),
-                    "}");
-  }
-  for (const auto& v : field_violations) {
-    absl::StrAppend(&out, "; field ", v.field(), ": ", v.description());
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------------------

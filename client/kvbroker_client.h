@@ -74,6 +74,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/error_codec.h"
+#include "common/error_keys.h"
 #include "proto/google/rpc/error_details.pb.h"
 #include "proto/google/rpc/status.pb.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
@@ -84,52 +86,14 @@ namespace kvbroker {
 // ---------------------------------------------------------------------------
 // Typed errors.
 
-// ErrorInfo.domain of every kvbroker failure.
-inline constexpr absl::string_view kKvbErrorDomain = "kvbroker";
-
-// The absl::Status payload under which a failed call keeps the serialized
-// google.rpc.Status of its trailer.
-inline constexpr absl::string_view kKvbErrorPayloadUrl =
-    "type.googleapis.com/google.rpc.Status";
-
-struct KvbError {
-  // The SPEC 6 reason; REASON_UNSPECIFIED when the status carries no
-  // kvbroker ErrorInfo (the gRPC library's own errors) or a reason this
-  // client does not know (then `reason_name` still has it).
-  v1::Reason reason = v1::REASON_UNSPECIFIED;
-  std::string reason_name;
-  // The gRPC status code.
-  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
-  std::string message;
-  // ErrorInfo.metadata: string values, keys carry units
-  // ("requested_blocks", "available_blocks", ...).
-  std::map<std::string, std::string> metadata;
-  // BadRequest.field_violations, for INVALID_ARGUMENT / INVALID_GEOMETRY.
-  std::vector<google::rpc::BadRequest::FieldViolation> field_violations;
-  // RetryInfo.retry_delay, when the server suggested one.
-  std::optional<absl::Duration> retry_delay;
-  // Everything the server sent (all details), for the rarer detail types.
-  google::rpc::Status details;
-
-  // "POOL_EXHAUSTED (RESOURCE_EXHAUSTED): <message> {available_blocks=1,
-  // requested_blocks=2}"; without a reason "UNAVAILABLE: <message>".
-  std::string ToString() const;
-};
-
-// The error carried by `status`; nullopt for OK. A non-OK status without a
-// kvbroker payload gives reason REASON_UNSPECIFIED with its code and message.
-std::optional<KvbError> GetKvbError(const absl::Status& status);
-
-// Shorthand: the reason of `status`; REASON_UNSPECIFIED for OK or untyped.
-v1::Reason GetKvbReason(const absl::Status& status);
+// The failure codec (KvbError, GetKvbError, GetKvbReason, KvbStatusFromGrpc,
+// GetDetail) is client/error_codec.h, shared with the tests; the domain and
+// the metadata keys are named in common/error_keys.h.
+inline constexpr absl::string_view kKvbErrorDomain = kErrorDomain;
 
 // True for the refusals that mean "not enough capacity now or ever":
 // POOL_EXHAUSTED, GPU_MEMORY_EXHAUSTED, SHRINK_PENDING, REQUEST_TOO_LARGE.
 bool IsCapacityRefusal(v1::Reason reason);
-
-// Wire -> client: the absl::Status for a finished call, carrying the rich
-// details as the kKvbErrorPayloadUrl payload. OK stays OK.
-absl::Status KvbStatusFromGrpc(const grpc::Status& status);
 
 // ---------------------------------------------------------------------------
 // Options.

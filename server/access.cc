@@ -9,9 +9,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
+#include "common/error_keys.h"
 
 namespace kvbroker {
 namespace {
+
+// The metadata key naming the grant: token_name or identity_name.
+std::string NameKey(const AccessPolicy::Grant& grant) {
+  return grant.kind == "token" ? std::string(error_key::kTokenName)
+                               : "identity_name";
+}
 
 // Equal contents, in time that depends only on the lengths.
 bool SameSecret(absl::string_view a, absl::string_view b) {
@@ -214,9 +221,9 @@ absl::Status AccessPolicy::Authorize(const Grant& grant, absl::string_view pool,
       FailureReason::kPermissionDenied,
       absl::StrCat(grant.kind, " ", grant.name, " may not use pool ", pool,
                    " (", method, ")"),
-      {{"pool", std::string(pool)},
-       {absl::StrCat(grant.kind, "_name"), grant.name},
-       {"method", std::string(method)}});
+      {{std::string(error_key::kPool), std::string(pool)},
+       {NameKey(grant), grant.name},
+       {std::string(error_key::kMethod), std::string(method)}});
 }
 
 absl::Status AccessPolicy::AuthorizeCreate(const Grant& grant,
@@ -226,8 +233,8 @@ absl::Status AccessPolicy::AuthorizeCreate(const Grant& grant,
                      absl::StrCat(grant.kind, " ", grant.name,
                                   " may not create pools (only one granted "
                                   "\"*\" may)"),
-                     {{"pool", std::string(pool)},
-                      {absl::StrCat(grant.kind, "_name"), grant.name},
+                     {{std::string(error_key::kPool), std::string(pool)},
+                      {NameKey(grant), grant.name},
                       {"method", "CreatePool"}});
 }
 

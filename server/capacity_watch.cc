@@ -7,46 +7,52 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "server/proto_convert.h"
+#include "allocator/failure.h"
 #include "server/status_convert.h"
 
 namespace kvbroker {
 namespace {
 
-// One WatchCapacity stream; see capacity_watch.h.
-//
+// A typed failure as ToGrpcStatus sends it; an untyped one (the feed's
+// "shutting down") with its own code.
+grpc::Status StreamStatus(const absl::Status& status) {
+  if (GetFailure(status).has_value()) return ToGrpcStatus(status);
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
 // Ownership: the reactor owns itself through `self_` from Begin() until
 // OnDone(); the feed holds it weakly, so a notification that races with the
 // end of the stream finds it either alive or gone, never half-destroyed.
 //
 // At most one thread "pumps" at a time: a pump claims `writing_` under `mu_`,
-// then takes the snapshot and calls StartWrite without the lock (a write's
-// completion may run inline and take `mu_` itself). Finish is called exactly
-// once, never while a write is in flight.
+// then calls StartWrite or Finish without the lock (a write's completion may
+// run inline and take `mu_` itself). Finish is called exactly once, never
+// while a write is in flight.
 class CapacityWatch final
     : public grpc::ServerWriteReactor<v1::WatchCapacityResponse>,
       public ChangeFeed::Subscriber {
  public:
-  CapacityWatch(std::shared_ptr<ChangeFeed> feed,
-                std::shared_ptr<PagePool> pool, int64_t max_pages)
-      : feed_(std::move(feed)), pool_(std::move(pool)), max_pages_(max_pages) {}
+  explicit CapacityWatch(std::shared_ptr<ChangeFeed> feed)
+      : feed_(std::move(feed)) {}
 
-  // Starts the stream: subscribes and sends the first snapshot.
-  void Begin(std::shared_ptr<CapacityWatch> self) {
+  void Begin(std::shared_ptr<CapacityWatch> self, ChangeFeed::Watch watch) {
     self_ = std::move(self);
-    if (!feed_->Subscribe(pool_->name(), self_)) {
-      RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 "the server is shutting down"));
+    if (absl::Status s = feed_->Subscribe(std::move(watch), self_); !s.ok()) {
+      RequestFinish(StreamStatus(s));
+    }
+  }
+
+  void OnSnapshot(ChangeFeed::Snapshot snapshot) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      pending_ = std::move(snapshot);
     }
     Pump();
   }
-
-  void OnPoolChanged() override ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      dirty_ = true;
-    }
-    Pump();
+  void OnEnd(const absl::Status& failure) override {
+    RequestFinish(ToGrpcStatus(failure));
   }
   void OnClose() override { RequestFinish(grpc::Status::OK); }
 
@@ -54,6 +60,7 @@ class CapacityWatch final
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
+      in_flight_.reset();
       // A failed write means the stream is gone; OnCancel follows.
       if (!ok && !finish_.has_value()) finish_ = grpc::Status::CANCELLED;
     }
@@ -77,54 +84,38 @@ class CapacityWatch final
   }
 
   void Pump() ABSL_LOCKS_EXCLUDED(mu_) {
-    for (;;) {
-      std::optional<grpc::Status> finish_now;
-      {
-        absl::MutexLock lock(&mu_);
-        if (finished_ || writing_) return;
-        if (finish_.has_value()) {
-          finished_ = true;  // only this thread gets past the check above
-          finish_now = *finish_;
-        } else if (dirty_) {
-          dirty_ = false;
-          writing_ = true;  // claims the pump
-        } else {
-          return;
-        }
-      }
-      if (finish_now.has_value()) {
-        Finish(*finish_now);
-        return;
-      }
-      absl::StatusOr<CapacitySnapshot> snapshot =
-          pool_->Capacity(CapacityQuery{max_pages_});
-      if (snapshot.ok() && sent_generation_ != snapshot->generation) {
-        sent_generation_ = snapshot->generation;
-        response_.Clear();
-        ToProto(*snapshot, response_.mutable_capacity());
-        StartWrite(&response_);
-        return;
-      }
+    std::optional<grpc::Status> finish_now;
+    const v1::WatchCapacityResponse* write = nullptr;
+    {
       absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!snapshot.ok() && !finish_.has_value()) {
-        finish_ = ToGrpcStatus(snapshot.status());
+      if (finished_ || writing_) return;
+      if (finish_.has_value()) {
+        finished_ = true;  // only this thread gets past the check above
+        finish_now = *finish_;
+      } else if (pending_ != nullptr) {
+        in_flight_ = std::move(pending_);
+        pending_.reset();
+        write = in_flight_.get();
+        writing_ = true;  // claims the pump
+      } else {
+        return;
       }
-      // Loop: a change or a finish request may have arrived meanwhile.
+    }
+    if (finish_now.has_value()) {
+      Finish(*finish_now);
+    } else {
+      StartWrite(write);
     }
   }
 
   const std::shared_ptr<ChangeFeed> feed_;
-  const std::shared_ptr<PagePool> pool_;
-  const int64_t max_pages_;
   std::shared_ptr<CapacityWatch> self_;  // set by Begin, dropped by OnDone
 
-  // Touched only by the thread that holds the pump (writing_ == true).
-  std::optional<uint64_t> sent_generation_;
-  v1::WatchCapacityResponse response_;
-
   absl::Mutex mu_;
-  bool dirty_ ABSL_GUARDED_BY(mu_) = true;  // the first snapshot is due
+  // The newest snapshot not yet written; replaced by newer ones.
+  ChangeFeed::Snapshot pending_ ABSL_GUARDED_BY(mu_);
+  // The message being written; kept alive until OnWriteDone.
+  ChangeFeed::Snapshot in_flight_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
@@ -141,13 +132,11 @@ class Refusal final
 }  // namespace
 
 grpc::ServerWriteReactor<v1::WatchCapacityResponse>* StartCapacityWatch(
-    std::shared_ptr<ChangeFeed> feed, std::shared_ptr<PagePool> pool,
-    int64_t max_pages) {
-  auto watch = std::make_shared<CapacityWatch>(std::move(feed), std::move(pool),
-                                               max_pages);
-  CapacityWatch* reactor = watch.get();
-  reactor->Begin(std::move(watch));
-  return reactor;
+    std::shared_ptr<ChangeFeed> feed, ChangeFeed::Watch watch) {
+  auto reactor = std::make_shared<CapacityWatch>(std::move(feed));
+  CapacityWatch* raw = reactor.get();
+  raw->Begin(std::move(reactor), std::move(watch));
+  return raw;
 }
 
 grpc::ServerWriteReactor<v1::WatchCapacityResponse>* RefuseCapacityWatch(

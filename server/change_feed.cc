@@ -1,42 +1,185 @@
-// ChangeFeed: pool change fan-out; see change_feed.h.
+// ChangeFeed: dirty marks on the hot path, snapshots on the notifier thread;
+// see change_feed.h.
 
 #include "server/change_feed.h"
 
+#include <algorithm>
+#include <utility>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/failure.h"
+#include "common/error_keys.h"
+#include "server/proto_convert.h"
 
 namespace kvbroker {
 
-bool ChangeFeed::Subscribe(const std::string& pool,
-                           std::weak_ptr<Subscriber> subscriber) {
+ChangeFeed::ChangeFeed(Options options) : options_(options) {
+  if (options_.start_notifier)
+    notifier_ = std::thread([this] { NotifierLoop(); });
+}
+
+ChangeFeed::~ChangeFeed() {
+  Close();
+  if (!notifier_.joinable()) return;
+  // The last owner may be a subscriber released by the notifier itself.
+  if (notifier_.get_id() == std::this_thread::get_id()) {
+    notifier_.detach();
+  } else {
+    notifier_.join();
+  }
+}
+
+absl::Status ChangeFeed::Subscribe(Watch watch,
+                                   std::weak_ptr<Subscriber> subscriber) {
   std::shared_ptr<Subscriber> s = subscriber.lock();
-  if (s == nullptr) return false;
+  if (s == nullptr) return InvalidField("subscriber", "already gone");
   absl::MutexLock lock(&mu_);
-  if (closed_) return false;
-  subscribers_[s.get()] = Entry{pool, std::move(subscriber)};
-  count_.store(static_cast<int>(subscribers_.size()));
-  return true;
+  if (closed_) return absl::UnavailableError("the server is shutting down");
+  int& held = callers_[watch.caller];
+  if (held >= options_.max_watches_per_caller) {
+    if (held == 0) callers_.erase(watch.caller);
+    return MakeFailure(
+        FailureReason::kInvalidArgument,
+        absl::StrCat("pool: caller \"", watch.caller, "\" already holds ", held,
+                     " WatchCapacity streams, the most one caller may ",
+                     "hold (--max_watches_per_caller)"),
+        {{std::string(error_key::kField), std::string(error_key::kPool)},
+         {std::string(error_key::kCaller), watch.caller},
+         {std::string(error_key::kMaxWatchesPerCaller),
+          Num(options_.max_watches_per_caller)}},
+        {{std::string(error_key::kPool),
+          absl::StrCat("at most ", options_.max_watches_per_caller,
+                       " WatchCapacity streams per caller")}});
+  }
+  ++held;
+  const std::string name = watch.pool->name();
+  names_[s.get()] = name;
+  pools_[name].entries[s.get()] =
+      Entry{std::move(watch), std::move(subscriber), std::nullopt};
+  dirty_.insert(name);
+  count_.store(static_cast<int>(names_.size()));
+  return absl::OkStatus();
 }
 
 void ChangeFeed::Unsubscribe(const Subscriber* subscriber) {
   absl::MutexLock lock(&mu_);
-  subscribers_.erase(subscriber);
-  count_.store(static_cast<int>(subscribers_.size()));
+  auto name = names_.find(subscriber);
+  if (name == names_.end()) return;
+  auto pool = pools_.find(name->second);
+  auto entry = pool->second.entries.find(subscriber);
+  auto caller = callers_.find(entry->second.watch.caller);
+  if (--caller->second == 0) callers_.erase(caller);
+  pool->second.entries.erase(entry);
+  if (pool->second.entries.empty()) {
+    dirty_.erase(pool->first);
+    pools_.erase(pool);
+  }
+  names_.erase(name);
+  count_.store(static_cast<int>(names_.size()));
 }
 
 void ChangeFeed::Publish(const std::string& pool) {
-  if (count_.load() == 0) return;
-  std::vector<std::shared_ptr<Subscriber>> targets;
+  if (count_.load(std::memory_order_relaxed) == 0) return;
+  absl::MutexLock lock(&mu_);
+  if (closed_) return;
+  if (pool.empty()) {
+    for (const auto& [name, watched] : pools_) dirty_.insert(name);
+  } else if (pools_.count(pool) > 0) {
+    dirty_.insert(pool);
+  }
+}
+
+ChangeFeed::PassStats ChangeFeed::NotifyPass() {
+  absl::MutexLock pass(&pass_mu_);
+  struct Target {
+    const Subscriber* key;
+    std::shared_ptr<Subscriber> subscriber;
+    std::shared_ptr<PagePool> pool;
+    int64_t max_pages;
+    std::optional<uint64_t> offered;
+  };
+  std::vector<Target> targets;
   {
     absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    for (const auto& [key, entry] : subscribers_) {
-      if (!pool.empty() && entry.pool != pool) continue;
-      if (std::shared_ptr<Subscriber> s = entry.subscriber.lock()) {
-        targets.push_back(std::move(s));
+    if (closed_) return {};
+    for (const std::string& name : dirty_) {
+      for (const auto& [key, entry] : pools_.at(name).entries) {
+        if (std::shared_ptr<Subscriber> s = entry.subscriber.lock()) {
+          targets.push_back({key, std::move(s), entry.watch.pool,
+                             entry.watch.max_pages, entry.offered});
+        }
+      }
+    }
+    dirty_.clear();
+  }
+  // One snapshot per (pool incarnation, length) in this pass.
+  std::map<std::pair<const PagePool*, int64_t>, absl::StatusOr<Snapshot>> built;
+  int offered = 0;
+  for (Target& t : targets) {
+    auto [it, fresh] = built.try_emplace({t.pool.get(), t.max_pages},
+                                         absl::UnknownError("unbuilt"));
+    if (fresh) {
+      absl::StatusOr<CapacitySnapshot> capacity =
+          t.pool->Capacity(CapacityQuery{t.max_pages});
+      if (capacity.ok()) {
+        auto message = std::make_shared<v1::WatchCapacityResponse>();
+        ToProto(*capacity, message->mutable_capacity());
+        it->second = Snapshot(std::move(message));
+      } else {
+        it->second = capacity.status();
+      }
+    }
+    const absl::StatusOr<Snapshot>& snapshot = it->second;
+    if (!snapshot.ok()) {
+      t.subscriber->OnEnd(snapshot.status());
+      continue;
+    }
+    const uint64_t generation = (*snapshot)->capacity().generation();
+    if (t.offered == generation) continue;
+    t.offered = generation;
+    t.subscriber->OnSnapshot(*snapshot);
+    ++offered;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Target& t : targets) {
+      auto name = names_.find(t.key);
+      if (name == names_.end()) continue;
+      auto& entries = pools_.at(name->second).entries;
+      auto entry = entries.find(t.key);
+      // The same subscriber still (not a new one at a reused address).
+      if (entry->second.subscriber.lock() == t.subscriber) {
+        entry->second.offered = t.offered;
       }
     }
   }
-  for (const auto& s : targets) s->OnPoolChanged();
+  return {static_cast<int>(built.size()), offered};
+}
+
+void ChangeFeed::NotifierLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](ChangeFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
+            return f->closed_ || !f->dirty_.empty();
+          },
+          this));
+      if (closed_) return;
+    }
+    const absl::Time start = absl::Now();
+    const PassStats pass = NotifyPass();
+    absl::Duration pause = options_.min_interval;
+    if (options_.max_offers_per_second > 0) {
+      pause = std::max(
+          pause, absl::Seconds(pass.offered / options_.max_offers_per_second));
+    }
+    // Changes that arrive meanwhile wait for the next pass: coalesced.
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(&closed_), start + pause);
+    if (closed_) return;
+  }
 }
 
 void ChangeFeed::Close() {
@@ -45,18 +188,32 @@ void ChangeFeed::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
-    for (const auto& [key, entry] : subscribers_) {
-      if (std::shared_ptr<Subscriber> s = entry.subscriber.lock()) {
-        targets.push_back(std::move(s));
+    dirty_.clear();
+    for (const auto& [name, watched] : pools_) {
+      for (const auto& [key, entry] : watched.entries) {
+        if (std::shared_ptr<Subscriber> s = entry.subscriber.lock()) {
+          targets.push_back(std::move(s));
+        }
       }
     }
   }
   for (const auto& s : targets) s->OnClose();
+  // A pass already under way may still be reading pools; once it is over, no
+  // pass touches a pool again, so the owner may tear the broker down.
+  if (std::this_thread::get_id() != notifier_.get_id()) {
+    absl::MutexLock wait_for_pass(&pass_mu_);
+  }
 }
 
 int ChangeFeed::subscribers() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(subscribers_.size());
+  return static_cast<int>(names_.size());
+}
+
+int ChangeFeed::subscribers_of(const std::string& caller) const {
+  absl::MutexLock lock(&mu_);
+  auto it = callers_.find(caller);
+  return it == callers_.end() ? 0 : it->second;
 }
 
 }  // namespace kvbroker

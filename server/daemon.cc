@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   if (options.listen.empty() && options.unix_socket.empty()) {
     return InvalidField("listen", "set a TCP address, a Unix socket or both");
   }
-  auto feed = std::make_shared<ChangeFeed>();
+  auto feed = std::make_shared<ChangeFeed>(options.watch);
   broker_options.on_change =
       [feed,
        chained = std::move(broker_options.on_change)](const std::string& pool) {
@@ -61,7 +61,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   if (!broker.ok()) return broker.status();
   daemon->broker_ = *std::move(broker);
   daemon->service_ = std::make_unique<KvBrokerService>(
-      daemon->broker_.get(), feed, daemon->options_.access.get());
+      daemon->broker_.get(), feed, daemon->options_.access.get(),
+      daemon->options_.limits);
   return daemon;
 }
 

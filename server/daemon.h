@@ -73,6 +73,11 @@ struct DaemonOptions {
   // More services served beside KvBroker by the same server (benchmarks
   // register their baseline ping here). Not owned; must outlive the daemon.
   std::vector<grpc::Service*> extra_services;
+  // Page-list bound of Capacity and WatchCapacity (kvbroker_service.h).
+  ServiceLimits limits;
+  // WatchCapacity streams per caller and the notifier's pacing
+  // (change_feed.h).
+  ChangeFeed::Options watch;
 };
 
 // The health service names the daemon reports.

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/failure.h"
@@ -112,8 +113,33 @@ absl::Status Reply(absl::StatusOr<Result> result, Response* response) {
 
 KvBrokerService::KvBrokerService(Broker* broker,
                                  std::shared_ptr<ChangeFeed> feed,
-                                 const AccessPolicy* access)
-    : broker_(broker), feed_(std::move(feed)), access_(access) {}
+                                 const AccessPolicy* access,
+                                 ServiceLimits limits)
+    : broker_(broker),
+      feed_(std::move(feed)),
+      access_(access),
+      limits_(limits) {}
+
+std::string KvBrokerService::CallerOf(grpc::CallbackServerContext* ctx,
+                                      const AccessPolicy::Grant* grant) {
+  if (grant != nullptr) return absl::StrCat("token:", grant->name);
+  std::string peer = ctx->peer();
+  if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
+    const size_t colon = peer.rfind(':');
+    if (colon > 4) peer.resize(colon);
+  }
+  return peer;
+}
+
+absl::Status KvBrokerService::CheckPageList(int64_t max_pages) const {
+  if (max_pages < 0) return InvalidField("max_pages", "must not be negative");
+  if (max_pages > limits_.max_page_list) {
+    return InvalidField("max_pages",
+                        absl::StrCat("at most ", limits_.max_page_list,
+                                     " page-list entries (--max_page_list)"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<AccessPolicy::Caller> KvBrokerService::Authenticate(
     grpc::CallbackServerContext* ctx) const {
@@ -224,16 +250,14 @@ grpc::ServerUnaryReactor* KvBrokerService::DeletePool(
 grpc::ServerUnaryReactor* KvBrokerService::Capacity(
     grpc::CallbackServerContext* ctx, const v1::CapacityRequest* request,
     v1::CapacityResponse* response) {
-  return OnPool(
-      ctx, "Capacity", request->pool(), CheckBounds(*request),
-      [&](PagePool& pool) {
-        if (request->max_pages() < 0) {
-          return InvalidField("max_pages", "must not be negative");
-        }
-        absl::StatusOr<CapacitySnapshot> capacity =
-            pool.Capacity(CapacityQuery{PageListLimit(request->max_pages())});
-        return Reply(std::move(capacity), response->mutable_capacity());
-      });
+  return OnPool(ctx, "Capacity", request->pool(), CheckBounds(*request),
+                [&](PagePool& pool) {
+                  KVB_RETURN_IF_ERROR(CheckPageList(request->max_pages()));
+                  absl::StatusOr<CapacitySnapshot> capacity =
+                      pool.Capacity(CapacityQuery{request->max_pages()});
+                  return Reply(std::move(capacity),
+                               response->mutable_capacity());
+                });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Alloc(
@@ -350,10 +374,13 @@ grpc::ServerWriteReactor<v1::WatchCapacityResponse>*
 KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
                                const v1::WatchCapacityRequest* request) {
   absl::Status refused = CheckBounds(*request);
-  if (refused.ok()) refused = Admit(ctx, "WatchCapacity", request->pool());
-  if (refused.ok() && request->max_pages() < 0) {
-    refused = InvalidField("max_pages", "must not be negative");
+  absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
+  if (refused.ok()) refused = caller.status();
+  if (refused.ok()) {
+    refused =
+        AccessPolicy::Authorize(*caller, request->pool(), "WatchCapacity");
   }
+  if (refused.ok()) refused = CheckPageList(request->max_pages());
   std::shared_ptr<PagePool> pool;
   if (refused.ok()) {
     absl::StatusOr<std::shared_ptr<PagePool>> found =
@@ -368,8 +395,9 @@ KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
     LogFailure("WatchCapacity", request->pool(), refused);
     return RefuseCapacityWatch(refused);
   }
-  return StartCapacityWatch(feed_, std::move(pool),
-                            PageListLimit(request->max_pages()));
+  return StartCapacityWatch(
+      feed_, ChangeFeed::Watch{std::move(pool), request->max_pages(),
+                               CallerOf(ctx, caller->token)});
 }
 
 }  // namespace kvbroker

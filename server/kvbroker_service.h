@@ -16,7 +16,18 @@
 // client that may time out retries with the same request_id and receives the
 // first outcome.
 //
-// WatchCapacity streams live in capacity_watch.h.
+// WatchCapacity streams live in capacity_watch.h; their snapshots are built
+// by the ChangeFeed's notifier thread, never on the thread of an Alloc or
+// Free.
+//
+// Bounds (ServiceLimits, kvbrokerd flags): Capacity and WatchCapacity return
+// page lists of at most `max_page_list` entries; a larger max_pages is
+// refused with INVALID_ARGUMENT (BadRequest field "max_pages") before the
+// pool is read. A caller may hold at most --max_watches_per_caller streams
+// (ChangeFeed::Options; refused with INVALID_ARGUMENT, field "pool"). The
+// caller of a call is the name of its bearer token's entry when access
+// control is on, else the peer's address without the port
+// ("ipv4:10.0.0.7", "ipv6:[::1]", "unix:/run/kvbroker.sock").
 //
 // Access: with an AccessPolicy (--auth_tokens), every call is authenticated
 // and the pool it names authorized before anything else happens
@@ -35,6 +46,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -46,12 +58,20 @@
 
 namespace kvbroker {
 
+struct ServiceLimits {
+  // The most page-list entries Capacity and WatchCapacity return: a request's
+  // max_pages above it is refused. A pool has at most 2^22 pages; a full
+  // list of them is tens of megabytes per snapshot.
+  int64_t max_page_list = 4096;
+};
+
 class KvBrokerService final : public v1::KvBroker::CallbackService {
  public:
   // `feed` must receive the broker's on_change notifications. `access`
   // (nullable: every call is admitted) must outlive the service.
   KvBrokerService(Broker* broker, std::shared_ptr<ChangeFeed> feed,
-                  const AccessPolicy* access = nullptr);
+                  const AccessPolicy* access = nullptr,
+                  ServiceLimits limits = {});
 
   // SIGTERM: every unary call from now on is refused with DRAINING
   // (UNAVAILABLE, RetryInfo) without running. Idempotent.
@@ -115,6 +135,12 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   // Authenticates and authorizes a call that names `pool`.
   absl::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method,
                      absl::string_view pool) const;
+  // Who holds a watch (see the file comment); `grant` is the caller's
+  // token grant from Authenticate.
+  static std::string CallerOf(grpc::CallbackServerContext* ctx,
+                              const AccessPolicy::Grant* grant);
+  // INVALID_ARGUMENT when `max_pages` is negative or above the bound.
+  absl::Status CheckPageList(int64_t max_pages) const;
   // Runs a unary call on the pool named `pool`: refuses it unless the
   // request is within its bounds (`bounds`, request_bounds.h), admitted for
   // `method`, still live and the pool exists; otherwise finishes with
@@ -128,6 +154,7 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   Broker* const broker_;
   const std::shared_ptr<ChangeFeed> feed_;
   const AccessPolicy* const access_;
+  const ServiceLimits limits_;
   // Every unary call passes it; closed by BeginDrain.
   DrainGate gate_;
 };

@@ -125,6 +125,16 @@ ABSL_FLAG(bool, channelz, false,
           "Serve grpc.channelz.v1.Channelz (connection and call statistics). "
           "Off by default: it shows every client's address to anyone who "
           "can connect, token or not.");
+ABSL_FLAG(int64_t, max_page_list, 4096,
+          "The most page-list entries Capacity and WatchCapacity return; a "
+          "larger max_pages is refused (INVALID_ARGUMENT).");
+ABSL_FLAG(int, max_watches_per_caller, 1024,
+          "WatchCapacity streams one caller may hold at once (the bearer "
+          "token's entry with --auth_tokens, else the peer's address without "
+          "port); the next is refused (INVALID_ARGUMENT).");
+ABSL_FLAG(absl::Duration, watch_interval, absl::Milliseconds(20),
+          "WatchCapacity snapshots of one pool are built at most once per "
+          "interval (changes in between are coalesced).");
 
 namespace kvbroker {
 namespace {
@@ -299,6 +309,17 @@ int Run() {
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.channelz = absl::GetFlag(FLAGS_channelz);
+  options.limits.max_page_list = absl::GetFlag(FLAGS_max_page_list);
+  options.watch.max_watches_per_caller =
+      absl::GetFlag(FLAGS_max_watches_per_caller);
+  options.watch.min_interval = absl::GetFlag(FLAGS_watch_interval);
+  if (options.limits.max_page_list < 0 ||
+      options.watch.max_watches_per_caller < 0 ||
+      options.watch.min_interval < absl::ZeroDuration()) {
+    return Fail(absl::InvalidArgumentError(
+        "--max_page_list, --max_watches_per_caller and --watch_interval must "
+        "not be negative"));
+  }
   options.tcp_credentials = *tls;
   options.access = *access;
   if (options.access != nullptr) {
@@ -321,8 +342,7 @@ int Run() {
       !listen.empty()) {
     Broker* broker = (*daemon)->broker();
     absl::StatusOr<std::unique_ptr<MetricsServer>> started =
-        MetricsServer::Start(listen,
-                             [broker] { return RenderMetrics(*broker); });
+        MetricsServer::Start(listen, std::make_shared<BrokerCollector>(broker));
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
   }

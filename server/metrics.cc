@@ -1,152 +1,142 @@
-// Metrics: Prometheus text rendering and the libmicrohttpd listener.
+// Metrics: the broker's state as prometheus-cpp metric families, and the
+// Exposer that serves them.
 
 #include "server/metrics.h"
 
 #include <arpa/inet.h>
-#include <microhttpd.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
-#include <cstring>
-#include <memory>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "allocator/failure.h"
 #include "allocator/stats.h"
+#include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
 
 namespace kvbroker {
 namespace {
 
-// A label value as the exposition format wants it.
-std::string Escape(absl::string_view v) {
-  std::string out;
-  out.reserve(v.size());
-  for (char c : v) {
-    switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '"': out += "\\\""; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
 
-// Collects samples metric by metric, so that each family's HELP and TYPE
-// come once, before its samples, whatever order the pools are walked in.
-class Exposition {
+// Gathers samples family by family, so that each family is one
+// MetricFamily whatever order the pools are walked in.
+class Families {
  public:
-  void Add(const std::string& name, const char* type, const char* help,
-           const std::string& labels, double value) {
-    Family& f = Find(name, type, help);
-    absl::StrAppend(&f.samples, name, "{", labels, "} ", Number(value), "\n");
+  void Add(const std::string& name, MetricType type, const char* help,
+           std::vector<ClientMetric::Label> labels, double value) {
+    ClientMetric& m = Metric(name, type, help, std::move(labels));
+    if (type == MetricType::Counter) {
+      m.counter.value = value;
+    } else {
+      m.gauge.value = value;
+    }
   }
   // A histogram in seconds from a LatencyHistogram in microseconds.
   void AddHistogram(const std::string& name, const char* help,
-                    const std::string& labels, const LatencyHistogram& h) {
-    Family& f = Find(name, "histogram", help);
-    int64_t cumulative = 0;
+                    std::vector<ClientMetric::Label> labels,
+                    const LatencyHistogram& h) {
+    ClientMetric& m =
+        Metric(name, MetricType::Histogram, help, std::move(labels));
+    uint64_t cumulative = 0;
     for (size_t i = 0; i < h.buckets.size(); ++i) {
-      cumulative += h.buckets[i];
-      const std::string le =
-          i < LatencyHistogram::kBoundsMicros.size()
-              ? Number(LatencyHistogram::kBoundsMicros[i] / 1e6)
-              : "+Inf";
-      absl::StrAppend(&f.samples, name, "_bucket{", labels, ",le=\"", le,
-                      "\"} ", cumulative, "\n");
+      cumulative += static_cast<uint64_t>(h.buckets[i]);
+      ClientMetric::Bucket b;
+      b.cumulative_count = cumulative;
+      b.upper_bound = i < LatencyHistogram::kBoundsMicros.size()
+                          ? LatencyHistogram::kBoundsMicros[i] / 1e6
+                          : std::numeric_limits<double>::infinity();
+      m.histogram.bucket.push_back(b);
     }
-    absl::StrAppend(&f.samples, name, "_sum{", labels, "} ",
-                    Number(h.sum_micros / 1e6), "\n", name, "_count{", labels,
-                    "} ", h.count, "\n");
+    m.histogram.sample_count = static_cast<uint64_t>(h.count);
+    m.histogram.sample_sum = h.sum_micros / 1e6;
   }
-  std::string Text() const {
-    std::string out;
-    for (const Family& f : families_) {
-      absl::StrAppend(&out, "# HELP ", f.name, " ", f.help, "\n# TYPE ", f.name,
-                      " ", f.type, "\n", f.samples);
-    }
-    return out;
-  }
+  std::vector<MetricFamily> Take() { return std::move(families_); }
 
  private:
-  struct Family {
-    std::string name, type, help, samples;
-  };
-  static std::string Number(double v) { return absl::StrFormat("%.17g", v); }
-  Family& Find(const std::string& name, const char* type, const char* help) {
-    for (Family& f : families_) {
-      if (f.name == name) return f;
+  ClientMetric& Metric(const std::string& name, MetricType type,
+                       const char* help,
+                       std::vector<ClientMetric::Label> labels) {
+    MetricFamily* family = nullptr;
+    for (MetricFamily& f : families_) {
+      if (f.name == name) family = &f;
     }
-    families_.push_back({name, type, help, ""});
-    return families_.back();
+    if (family == nullptr) {
+      families_.push_back(MetricFamily{name, help, type, {}});
+      family = &families_.back();
+    }
+    family->metric.emplace_back();
+    family->metric.back().label = std::move(labels);
+    return family->metric.back();
   }
-  std::vector<Family> families_;
+  std::vector<MetricFamily> families_;
 };
 
 }  // namespace
 
-std::string RenderMetrics(Broker& broker) {
-  Exposition e;
-  for (const std::shared_ptr<PagePool>& pool : broker.ListPools()) {
+std::vector<MetricFamily> BrokerCollector::Collect() const {
+  Families e;
+  for (const std::shared_ptr<PagePool>& pool : broker_->ListPools()) {
     absl::StatusOr<CapacitySnapshot> c = pool->Capacity();
     if (!c.ok()) continue;  // deleted meanwhile
     const PoolStats s = pool->Stats();
-    const std::string p = absl::StrCat("pool=\"", Escape(pool->name()), "\"");
+    const ClientMetric::Label p{"pool", pool->name()};
     const std::pair<const char*, PageCount> states[] = {
         {"free", c->pages_free},  {"mapping", c->pages_mapping},
         {"idle", c->pages_idle},  {"open", c->pages_open},
         {"full", c->pages_full},  {"reclaimed", c->pages_reclaimed},
         {"empty", c->pages_empty}};
     for (const auto& [state, n] : states) {
-      e.Add("kvbroker_pool_pages", "gauge", "Pages of the pool by state.",
-            absl::StrCat(p, ",state=\"", state, "\""),
+      e.Add("kvbroker_pool_pages", MetricType::Gauge,
+            "Pages of the pool by state.", {p, {"state", state}},
             static_cast<double>(n.value()));
     }
-    e.Add("kvbroker_pool_available_blocks", "gauge",
-          "Blocks an Alloc could take now (exact).", p,
+    e.Add("kvbroker_pool_available_blocks", MetricType::Gauge,
+          "Blocks an Alloc could take now (exact).", {p},
           c->available_blocks.value());
-    e.Add("kvbroker_pool_allocated_blocks", "gauge", "Blocks allocated.", p,
-          c->allocated_blocks.value());
-    e.Add("kvbroker_pool_reserved_blocks", "gauge",
-          "Blocks held by reservations.", p, c->reserved_blocks.value());
-    e.Add("kvbroker_pool_total_blocks", "gauge",
-          "Blocks the pool could ever hold under its limit.", p,
+    e.Add("kvbroker_pool_allocated_blocks", MetricType::Gauge,
+          "Blocks allocated.", {p}, c->allocated_blocks.value());
+    e.Add("kvbroker_pool_reserved_blocks", MetricType::Gauge,
+          "Blocks held by reservations.", {p}, c->reserved_blocks.value());
+    e.Add("kvbroker_pool_total_blocks", MetricType::Gauge,
+          "Blocks the pool could ever hold under its limit.", {p},
           c->total_blocks.value());
-    e.Add("kvbroker_pool_mapped_bytes", "gauge",
-          "GPU memory mapped by the pool, over all its devices.", p,
+    e.Add("kvbroker_pool_mapped_bytes", MetricType::Gauge,
+          "GPU memory mapped by the pool, over all its devices.", {p},
           c->mapped_bytes.value());
-    e.Add("kvbroker_pool_virtual_bytes", "gauge",
+    e.Add("kvbroker_pool_virtual_bytes", MetricType::Gauge,
           "Virtual address space reserved by the pool, over all its devices.",
-          p, c->virtual_bytes.value());
-    e.Add("kvbroker_pool_limit_target_pages", "gauge",
-          "Pages the pool may keep mapped under its memory limit.", p,
+          {p}, c->virtual_bytes.value());
+    e.Add("kvbroker_pool_limit_target_pages", MetricType::Gauge,
+          "Pages the pool may keep mapped under its memory limit.", {p},
           c->limit.target_pages.value());
-    e.Add("kvbroker_pool_healthy", "gauge",
-          "1 while the pool serves allocations, 0 once it has failed.", p,
+    e.Add("kvbroker_pool_healthy", MetricType::Gauge,
+          "1 while the pool serves allocations, 0 once it has failed.", {p},
           c->healthy ? 1 : 0);
-    e.Add("kvbroker_pool_generation", "counter",
-          "Changes the pool has seen (its generation).", p,
+    e.Add("kvbroker_pool_generation", MetricType::Counter,
+          "Changes the pool has seen (its generation).", {p},
           static_cast<double>(c->generation));
     for (const auto& [method, n] :
          {std::pair<const char*, int64_t>{"Alloc", s.alloc_calls},
           {"Free", s.free_calls},
           {"Reserve", s.reserve_calls}}) {
-      e.Add("kvbroker_pool_calls_total", "counter",
+      e.Add("kvbroker_pool_calls_total", MetricType::Counter,
             "Alloc, Free and Reserve calls that reached the pool.",
-            absl::StrCat(p, ",method=\"", method, "\""), n);
+            {p, {"method", method}}, static_cast<double>(n));
     }
     for (int r = 0; r <= kMaxFailureReason; ++r) {
       if (s.outcomes[r] == 0) continue;
       const absl::string_view reason =
           r == 0 ? "OK" : ReasonName(static_cast<FailureReason>(r));
-      e.Add("kvbroker_pool_outcomes_total", "counter",
+      e.Add("kvbroker_pool_outcomes_total", MetricType::Counter,
             "Outcomes of Alloc, Free and Reserve by reason (OK: success).",
-            absl::StrCat(p, ",reason=\"", reason, "\""), s.outcomes[r]);
+            {p, {"reason", std::string(reason)}},
+            static_cast<double>(s.outcomes[r]));
     }
     const std::pair<const char*, int64_t> counters[] = {
         {"blocks_allocated_total", s.blocks_allocated_total},
@@ -158,72 +148,50 @@ std::string RenderMetrics(Broker& broker) {
         {"reservations_expired_total", s.reservations_expired_total},
         {"idempotent_replays_total", s.idempotent_replays_total}};
     for (const auto& [name, n] : counters) {
-      e.Add(absl::StrCat("kvbroker_pool_", name), "counter",
-            "Pool counter since the pool was created.", p, n);
+      e.Add(absl::StrCat("kvbroker_pool_", name), MetricType::Counter,
+            "Pool counter since the pool was created.", {p},
+            static_cast<double>(n));
     }
     e.AddHistogram("kvbroker_pool_map_seconds",
                    "Time to create, map and enable one page on every device "
                    "of the pool.",
-                   p, s.map_latency);
+                   {p}, s.map_latency);
     e.AddHistogram("kvbroker_pool_unmap_seconds",
                    "Time to unmap and release one page on every device of "
                    "the pool.",
-                   p, s.unmap_latency);
+                   {p}, s.unmap_latency);
   }
-  DeviceBudgets* budgets = broker.budgets();
+  DeviceBudgets* budgets = broker_->budgets();
   for (int d = 0; d < budgets->device_count(); ++d) {
     const DeviceBudgetSnapshot b = budgets->Snapshot(d);
-    const std::string l = absl::StrCat("device=\"", b.device, "\"");
-    e.Add("kvbroker_device_total_bytes", "gauge", "Device memory.", l,
+    const std::vector<ClientMetric::Label> l = {
+        {"device", absl::StrCat(b.device)}};
+    e.Add("kvbroker_device_total_bytes", MetricType::Gauge, "Device memory.", l,
           b.total.value());
-    e.Add("kvbroker_device_driver_free_bytes", "gauge",
+    e.Add("kvbroker_device_driver_free_bytes", MetricType::Gauge,
           "Free device memory as the driver last reported it.", l,
           b.driver_free.value());
-    e.Add("kvbroker_device_headroom_bytes", "gauge",
+    e.Add("kvbroker_device_headroom_bytes", MetricType::Gauge,
           "Device memory kept free (1 - --gpu_memory_utilization).", l,
           b.headroom.value());
-    e.Add("kvbroker_device_charged_bytes", "gauge",
+    e.Add("kvbroker_device_charged_bytes", MetricType::Gauge,
           "Device memory this daemon holds for its pools.", l,
           b.charged.value());
-    e.Add("kvbroker_device_budget_bytes", "gauge",
+    e.Add("kvbroker_device_budget_bytes", MetricType::Gauge,
           "Device memory pools may still map.", l, b.budget.value());
   }
-  return e.Text();
+  return e.Take();
 }
 
-// libmicrohttpd's request callback; a friend of MetricsServer.
-struct MetricsHandler {
-  static MHD_Result Handle(void* cls, MHD_Connection* connection,
-                           const char* url, const char* method,
-                           const char* /*version*/, const char* /*upload_data*/,
-                           size_t* /*upload_data_size*/, void** /*req_cls*/) {
-    auto* server = static_cast<MetricsServer*>(cls);
-    unsigned int code = MHD_HTTP_OK;
-    std::string body;
-    const char* type = "text/plain; version=0.0.4; charset=utf-8";
-    if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "HEAD") != 0) {
-      code = MHD_HTTP_METHOD_NOT_ALLOWED;
-      body = "only GET and HEAD\n";
-      type = "text/plain; charset=utf-8";
-    } else if (std::strcmp(url, "/metrics") != 0) {
-      code = MHD_HTTP_NOT_FOUND;
-      body = "kvbrokerd serves /metrics\n";
-      type = "text/plain; charset=utf-8";
-    } else {
-      body = server->render_();
-    }
-    MHD_Response* response = MHD_create_response_from_buffer(
-        body.size(), body.data(), MHD_RESPMEM_MUST_COPY);
-    if (response == nullptr) return MHD_NO;
-    MHD_add_response_header(response, "Content-Type", type);
-    const MHD_Result queued = MHD_queue_response(connection, code, response);
-    MHD_destroy_response(response);
-    return queued;
-  }
-};
+std::string RenderMetrics(Broker& broker) {
+  return prometheus::TextSerializer().Serialize(
+      BrokerCollector(&broker).Collect());
+}
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& listen, std::function<std::string()> render) {
+    const std::string& listen,
+    std::shared_ptr<prometheus::Collectable> collector,
+    MetricsOptions options) {
   const size_t colon = listen.rfind(':');
   int port = -1;
   if (colon == std::string::npos ||
@@ -233,46 +201,58 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
         absl::StrCat("--metrics_listen: \"", listen, "\" is not host:port"));
   }
   std::string host = listen.substr(0, colon);
-  sockaddr_storage addr{};
-  unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD;
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
-    a6->sin6_family = AF_INET6;
-    a6->sin6_port = htons(static_cast<uint16_t>(port));
-    if (inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(),
-                  &a6->sin6_addr) != 1) {
+    in6_addr a6;
+    if (inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &a6) !=
+        1) {
       return absl::InvalidArgumentError(
           absl::StrCat("--metrics_listen: bad IPv6 address in ", listen));
     }
-    flags |= MHD_USE_IPv6;
   } else {
-    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
-    a4->sin_family = AF_INET;
-    a4->sin_port = htons(static_cast<uint16_t>(port));
     if (host == "localhost") host = "127.0.0.1";
-    if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) != 1) {
+    in_addr a4;
+    if (inet_pton(AF_INET, host.c_str(), &a4) != 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("--metrics_listen: the host of \"", listen,
                        "\" must be an IPv4 address, [IPv6] or localhost"));
     }
   }
-  std::unique_ptr<MetricsServer> server(new MetricsServer(std::move(render)));
-  server->daemon_ = MHD_start_daemon(
-      flags, static_cast<uint16_t>(port), nullptr, nullptr,
-      &MetricsHandler::Handle, server.get(), MHD_OPTION_SOCK_ADDR,
-      reinterpret_cast<const sockaddr*>(&addr), MHD_OPTION_END);
-  if (server->daemon_ == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_listen: cannot listen on ", listen));
+  if (options.threads < 1 || options.queued_connections < 1 ||
+      options.listen_backlog < 1 ||
+      options.request_timeout < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(
+        "metrics listener: threads, queued connections, backlog and request "
+        "timeout must be positive");
   }
-  const MHD_DaemonInfo* info =
-      MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
-  server->port_ = info != nullptr ? info->port : port;
+  // civetweb's options (prometheus-cpp passes them through).
+  std::vector<std::string> civet = {
+      "listening_ports",
+      absl::StrCat(host, ":", port),
+      "num_threads",
+      absl::StrCat(options.threads),
+      "request_timeout_ms",
+      absl::StrCat(absl::ToInt64Milliseconds(options.request_timeout)),
+      "connection_queue",
+      absl::StrCat(options.queued_connections),
+      "listen_backlog",
+      absl::StrCat(options.listen_backlog),
+      "enable_keep_alive",
+      "no",
+  };
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  try {
+    server->exposer_ = std::make_unique<prometheus::Exposer>(std::move(civet));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics_listen: cannot listen on ", listen, ": ", e.what()));
+  }
+  server->collector_ = std::move(collector);
+  server->exposer_->RegisterCollectable(server->collector_);
+  const std::vector<int> ports = server->exposer_->GetListeningPorts();
+  server->port_ = ports.empty() ? port : ports.front();
   return server;
 }
 
-MetricsServer::~MetricsServer() {
-  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
-}
+MetricsServer::~MetricsServer() = default;
 
 }  // namespace kvbroker

@@ -3,15 +3,29 @@
 
 #include "server/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "allocator/failure.h"
 #include "allocator/host_backend.h"
 #include "allocator/units.h"
 #include "gtest/gtest.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 #include "tests/http_exchange.h"
 
 namespace kvbroker {
@@ -117,13 +131,24 @@ TEST(RenderMetrics, SeedCaseExactly) {
       two_pools, "# TYPE kvbroker_pool_map_seconds histogram\n"));
 }
 
+// One gauge, counting its collections.
+class UpCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    ++collections;
+    prometheus::MetricFamily f{
+        "kvbroker_up", "Always 1.", prometheus::MetricType::Gauge, {}};
+    f.metric.emplace_back();
+    f.metric.back().gauge.value = 1;
+    return {f};
+  }
+  mutable std::atomic<int> collections{0};
+};
+
 TEST(MetricsServer, ServesMetricsOverHttp) {
-  int scrapes = 0;
+  auto up = std::make_shared<UpCollector>();
   absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-      MetricsServer::Start("127.0.0.1:0", [&] {
-        ++scrapes;
-        return std::string("kvbroker_up 1\n");
-      });
+      MetricsServer::Start("127.0.0.1:0", up);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   ASSERT_GT(port, 0);
@@ -132,35 +157,103 @@ TEST(MetricsServer, ServesMetricsOverHttp) {
   EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.0 200") ||
               absl::StartsWith(r, "HTTP/1.1 200"))
       << r;
-  EXPECT_TRUE(absl::StrContains(
-      r, "Content-Type: text/plain; version=0.0.4; charset=utf-8"))
+  EXPECT_TRUE(absl::StrContains(r, "Content-Type: text/plain"))
       << r;
-  EXPECT_TRUE(absl::EndsWith(r, "\r\n\r\nkvbroker_up 1\n")) << r;
-  EXPECT_EQ(scrapes, 1);
+  EXPECT_TRUE(absl::StrContains(r, "# TYPE kvbroker_up gauge\nkvbroker_up 1\n"))
+      << r;
+  EXPECT_EQ(up->collections, 1);
 
   r = testing::HttpExchange(port, "GET /elsewhere HTTP/1.0\r\n\r\n");
   EXPECT_TRUE(absl::StrContains(r.substr(0, 16), " 404")) << r;
-  r = testing::HttpExchange(
-      port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
-  EXPECT_TRUE(absl::StrContains(r.substr(0, 16), " 405")) << r;
-  EXPECT_EQ(scrapes, 1);
+  EXPECT_EQ(up->collections, 1);
+}
+
+// Opens a TCP connection to 127.0.0.1:port without sending anything; -1 when
+// the connection attempt fails at once.
+int SilentConnection(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 &&
+      errno != EINPROGRESS) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Waits (at most `bound`, generously) until the server closes `fd`: reads
+// until end of stream or a reset. True when it was closed.
+bool ClosedByServer(int fd, absl::Duration bound) {
+  const absl::Time end = absl::Now() + bound;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int64_t left = absl::ToInt64Milliseconds(end - absl::Now());
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+    char buf[512];
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n == 0) return true;
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return true;
+  }
+}
+
+// The adversary that opens many connections and never speaks: each is
+// closed after the request timeout, and the listener serves scrapes again.
+TEST(MetricsServer, SilentConnectionsAreClosed) {
+  auto up = std::make_shared<UpCollector>();
+  MetricsOptions options;
+  options.threads = 2;
+  options.request_timeout = absl::Milliseconds(100);
+  options.queued_connections = 8;
+  options.listen_backlog = 128;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", up, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+
+  // Fewer than fit in the backlog, so that every handshake completes at
+  // once; they hold the two threads 100 ms at a time.
+  constexpr int kSilent = 100;
+  std::vector<int> fds;
+  for (int i = 0; i < kSilent; ++i) {
+    const int fd = SilentConnection(port);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+  }
+  int closed = 0;
+  for (int fd : fds) {
+    if (ClosedByServer(fd, absl::Seconds(120))) ++closed;
+    close(fd);
+  }
+  EXPECT_EQ(closed, kSilent);
+  EXPECT_EQ(up->collections, 0);
+  const std::string r =
+      testing::HttpExchange(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_TRUE(absl::StrContains(r, "kvbroker_up 1\n")) << r;
+  EXPECT_EQ(up->collections, 1);
 }
 
 TEST(MetricsServer, RefusesBadAddresses) {
+  auto up = std::make_shared<UpCollector>();
   for (const char* bad : {"", "127.0.0.1", "127.0.0.1:x", "127.0.0.1:70000",
                           "example.com:9100", "[zz]:9100"}) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> s =
-        MetricsServer::Start(bad, [] { return std::string(); });
+        MetricsServer::Start(bad, up);
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+  MetricsOptions no_threads;
+  no_threads.threads = 0;
+  EXPECT_EQ(MetricsServer::Start("127.0.0.1:0", up, no_threads).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // A port in use: UNAVAILABLE.
   absl::StatusOr<std::unique_ptr<MetricsServer>> first =
-      MetricsServer::Start("127.0.0.1:0", [] { return std::string(); });
+      MetricsServer::Start("127.0.0.1:0", up);
   ASSERT_TRUE(first.ok()) << first.status();
   absl::StatusOr<std::unique_ptr<MetricsServer>> second =
-      MetricsServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()),
-                           [] { return std::string(); });
+      MetricsServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()), up);
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
 }

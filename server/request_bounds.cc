@@ -136,10 +136,6 @@ absl::Status CheckBounds(const v1::WatchCapacityRequest& request) {
   return CheckString("pool", request.pool(), kMaxPoolNameBytes);
 }
 
-int64_t PageListLimit(int64_t max_pages) {
-  return std::min(max_pages, kMaxPageListEntries);
-}
-
 absl::Status CheckBounds(const v1::GetPageOccupancyRequest& request) {
   KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
   KVB_RETURN_IF_ERROR(

@@ -17,18 +17,15 @@
 //   PoolSpec.devices                               kMaxDevicesPerPool
 //   Free.block_ids                                 kMaxBlockIdsPerCall
 //   GetPageOccupancy.page_ids                      kMaxPageIdsPerCall
-//   Capacity / WatchCapacity page list             kMaxPageListEntries
 //   Reserve.ttl                                    (0, kMaxReservationTtl]
 //   Alloc / Reserve num_blocks                     MaxBlocksPerReply(pool)
 //
-// max_pages is a cap, not a list: a larger value (clients send INT64_MAX
-// for "every page") is clamped by PageListLimit rather than refused, and
-// CapacitySnapshot.pages tells the caller how many pages there are.
+// The page list of Capacity and WatchCapacity has its own bound,
+// kvbrokerd --max_page_list (KvBrokerService's ServiceLimits).
 //
 // The numbers keep the largest reply of each kind under kMaxReplyBytes:
-// a GetPageOccupancy entry encodes in at most 48 bytes and a page-list
-// entry in at most 62, so 65536 and 32768 entries stay below 3.2 MiB and
-// 2.0 MiB.
+// a GetPageOccupancy entry encodes in at most 48 bytes, so 65536 entries
+// stay below 3.2 MiB.
 //
 // Thread safety: the functions are pure.
 
@@ -56,7 +53,6 @@ inline constexpr size_t kMaxPoolUidBytes = 64;
 inline constexpr int kMaxDevicesPerPool = 16;
 inline constexpr int kMaxBlockIdsPerCall = 1 << 20;
 inline constexpr int kMaxPageIdsPerCall = 65536;
-inline constexpr int64_t kMaxPageListEntries = 32768;
 inline constexpr absl::Duration kMaxReservationTtl = absl::Hours(24);
 
 // One overload per request: OK, or the INVALID_ARGUMENT refusal of the
@@ -73,9 +69,6 @@ absl::Status CheckBounds(const v1::SetMemoryLimitRequest& request);
 absl::Status CheckBounds(const v1::TrimRequest& request);
 absl::Status CheckBounds(const v1::WatchCapacityRequest& request);
 absl::Status CheckBounds(const v1::GetPageOccupancyRequest& request);
-
-// The page-list length a snapshot returns for a caller's max_pages.
-int64_t PageListLimit(int64_t max_pages);
 
 // An upper bound of the encoded size of an Alloc or Reserve reply carrying
 // `num_blocks` blocks of a pool of `geometry`: every block id costs at most

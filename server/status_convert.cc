@@ -52,14 +52,14 @@ Failure BoundedFailure(const Failure& f) {
   return out;
 }
 
-std::string Meta(const Failure& f, const std::string& key) {
-  auto it = f.metadata.find(key);
+std::string Meta(const Failure& f, absl::string_view key) {
+  auto it = f.metadata.find(std::string(key));
   return it == f.metadata.end() ? std::string() : it->second;
 }
 
 // "kind:<metadata[key]>", or just "kind" when the key is absent.
 std::string Subject(const Failure& f, absl::string_view kind,
-                    const std::string& key) {
+                    absl::string_view key) {
   std::string value = Meta(f, key);
   return value.empty() ? std::string(kind) : absl::StrCat(kind, ":", value);
 }
@@ -78,14 +78,14 @@ struct DetailPlan {
 
 DetailPlan PlanFor(const Failure& f) {
   DetailPlan p;
-  const std::string pool = Subject(f, "pool", "pool");
+  const std::string pool = Subject(f, "pool", error_key::kPool);
   auto pool_resource = [&] {
     p.resource_type = kPoolType;
-    p.resource_name = Meta(f, "pool");
+    p.resource_name = Meta(f, error_key::kPool);
   };
   auto reservation_resource = [&] {
     p.resource_type = kReservationType;
-    p.resource_name = Meta(f, "reservation_id");
+    p.resource_name = Meta(f, error_key::kReservationId);
   };
   switch (f.reason) {
     case FailureReason::kPoolExhausted:
@@ -108,18 +108,20 @@ DetailPlan PlanFor(const Failure& f) {
       break;
     case FailureReason::kBlockNotAllocated:
     case FailureReason::kBlockInReservation:
-      p.precondition_subject = Subject(f, "block", "block_id");
+      p.precondition_subject = Subject(f, "block", error_key::kBlockId);
       break;
     case FailureReason::kReservationNotFound: reservation_resource(); break;
     case FailureReason::kReservationExpired:
-      p.precondition_subject = Subject(f, "reservation", "reservation_id");
+      p.precondition_subject =
+          Subject(f, "reservation", error_key::kReservationId);
       reservation_resource();
       break;
     case FailureReason::kReservationTooSmall:
-      p.precondition_subject = Subject(f, "reservation", "reservation_id");
+      p.precondition_subject =
+          Subject(f, "reservation", error_key::kReservationId);
       break;
     case FailureReason::kRequestIdReused:
-      p.precondition_subject = Subject(f, "request_id", "request_id");
+      p.precondition_subject = Subject(f, "request_id", error_key::kRequestId);
       break;
     case FailureReason::kMappingFailed:
       p.retry = true;
@@ -165,7 +167,7 @@ google::rpc::Status RichStatus(absl::StatusCode code, absl::string_view message,
   if (plan.quota) {
     QuotaFailure quota;
     QuotaFailure::Violation* v = quota.add_violations();
-    v->set_subject(Subject(f, "pool", "pool"));
+    v->set_subject(Subject(f, "pool", error_key::kPool));
     v->set_description(std::string(message));
     rpc.add_details()->PackFrom(quota);
   }
@@ -208,7 +210,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (!failure.has_value() || failure->reason == FailureReason::kUnspecified) {
     const std::string original(absl::StatusCodeToString(status.code()));
     Failure untyped;
-    untyped.metadata["original_code"] = original;
+    untyped.metadata[std::string(error_key::kOriginalCode)] = original;
     return Serialize(
         RichStatus(absl::StatusCode::kInternal,
                    Bounded(absl::StrCat(original, ": ", status.message()),
@@ -220,46 +222,22 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                               BoundedFailure(*failure)));
 }
 
-std::optional<google::rpc::Status> GetRpcStatus(const grpc::Status& status) {
-  if (status.ok() || status.error_details().empty()) return std::nullopt;
-  google::rpc::Status rpc;
-  if (!rpc.ParseFromString(status.error_details())) return std::nullopt;
-  return rpc;
-}
-
-std::optional<ErrorInfo> GetErrorInfo(const grpc::Status& status) {
-  std::optional<google::rpc::Status> rpc = GetRpcStatus(status);
-  if (!rpc.has_value()) return std::nullopt;
-  for (const google::protobuf::Any& any : rpc->details()) {
-    ErrorInfo info;
-    if (any.Is<ErrorInfo>() && any.UnpackTo(&info) &&
-        info.domain() == kErrorDomain) {
-      return info;
-    }
-  }
-  return std::nullopt;
-}
-
 absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(status.error_code());
-  absl::Status plain(code, status.error_message());
-  std::optional<ErrorInfo> info = GetErrorInfo(status);
-  if (!info.has_value()) return plain;
-  const FailureReason reason = ReasonFromName(info->reason());
+  std::optional<KvbError> e = DecodeError(status);
+  if (!e.has_value()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(e->code);
+  absl::Status plain(code, e->message);
+  const FailureReason reason = ReasonFromName(e->reason_name);
   if (reason == FailureReason::kUnspecified) return plain;
-
-  FailureMetadata metadata(info->metadata().begin(), info->metadata().end());
+  FailureMetadata metadata(e->metadata.begin(), e->metadata.end());
   std::vector<FieldViolation> violations;
-  if (std::optional<BadRequest> bad = GetDetail<BadRequest>(status)) {
-    for (const BadRequest::FieldViolation& v : bad->field_violations()) {
-      violations.push_back({v.field(), v.description()});
-    }
+  for (const BadRequest::FieldViolation& v : e->field_violations) {
+    violations.push_back({v.field(), v.description()});
   }
   // MakeFailure encodes the payload; the code stays the wire's, number for
   // number, even if it disagrees with the reason's usual code.
-  absl::Status typed = MakeFailure(reason, status.error_message(),
-                                   std::move(metadata), std::move(violations));
+  absl::Status typed = MakeFailure(reason, e->message, std::move(metadata),
+                                   std::move(violations));
   if (typed.code() == code) return typed;
   plain.SetPayload(kFailurePayloadUrl, *typed.GetPayload(kFailurePayloadUrl));
   return plain;

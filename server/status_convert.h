@@ -36,11 +36,16 @@
 // with its original code name, with ErrorInfo reason REASON_UNSPECIFIED and
 // metadata {"original_code": <code name>}.
 //
-// Client side, FromGrpcStatus reverses this: a status whose details hold a
-// kvbroker ErrorInfo becomes an absl::Status with the same code and message
-// and the Failure payload (reason, metadata, BadRequest violations). Any
-// other status (the gRPC library's own UNAVAILABLE, DEADLINE_EXCEEDED, ...,
-// and REASON_UNSPECIFIED) keeps its code and message and carries no payload.
+// The reverse direction is decoded in one place, client/error_codec.h, which
+// the client library and the tests share. FromGrpcStatus turns its result
+// back into the core's form: a status whose details hold a kvbroker
+// ErrorInfo becomes an absl::Status with the same code and message and the
+// Failure payload (reason, metadata, BadRequest violations). Any other
+// status (the gRPC library's own UNAVAILABLE, DEADLINE_EXCEEDED, ..., and
+// REASON_UNSPECIFIED) keeps its code and message and carries no payload.
+//
+// The domain and every metadata key the encoder writes itself are the
+// constants of common/error_keys.h.
 //
 // Thread safety: the functions are pure.
 
@@ -54,13 +59,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "proto/google/rpc/error_details.pb.h"
-#include "proto/google/rpc/status.pb.h"
+#include "client/error_codec.h"
+#include "common/error_keys.h"
 
 namespace kvbroker {
-
-// ErrorInfo.domain of every kvbroker failure.
-inline constexpr absl::string_view kErrorDomain = "kvbroker";
 
 // RetryInfo.retry_delay of MAPPING_FAILED and GPU_MEMORY_EXHAUSTED.
 inline constexpr absl::Duration kMappingRetryDelay = absl::Milliseconds(100);
@@ -81,25 +83,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // Wire -> core. OK stays OK.
 absl::Status FromGrpcStatus(const grpc::Status& status);
-
-// The google.rpc.Status in `status`'s binary details; nullopt when there is
-// none or it does not parse.
-std::optional<google::rpc::Status> GetRpcStatus(const grpc::Status& status);
-
-// The first ErrorInfo of domain "kvbroker" in `status`'s details, if any.
-std::optional<google::rpc::ErrorInfo> GetErrorInfo(const grpc::Status& status);
-
-// The first detail of type T (BadRequest, QuotaFailure, ...) in `status`.
-template <typename T>
-std::optional<T> GetDetail(const grpc::Status& status) {
-  std::optional<google::rpc::Status> rpc = GetRpcStatus(status);
-  if (!rpc.has_value()) return std::nullopt;
-  for (const google::protobuf::Any& any : rpc->details()) {
-    T detail;
-    if (any.Is<T>() && any.UnpackTo(&detail)) return detail;
-  }
-  return std::nullopt;
-}
 
 }  // namespace kvbroker
 

@@ -21,9 +21,9 @@
 #include "absl/time/time.h"
 #include "allocator/failure.h"
 #include "allocator/units.h"
+#include "client/error_codec.h"
 #include "gtest/gtest.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
-#include "server/status_convert.h"
 #include "tests/grpc_test_util.h"
 
 namespace kvbroker {
@@ -59,10 +59,12 @@ class Ledger {
 };
 
 bool IsCapacityRefusal(const grpc::Status& s) {
-  switch (GetReason(FromGrpcStatus(s))) {
-    case FailureReason::kPoolExhausted:
-    case FailureReason::kGpuMemoryExhausted:
-    case FailureReason::kRequestTooLarge: return true;
+  std::optional<KvbError> e = DecodeError(s);
+  if (!e.has_value()) return false;
+  switch (e->reason) {
+    case v1::POOL_EXHAUSTED:
+    case v1::GPU_MEMORY_EXHAUSTED:
+    case v1::REQUEST_TOO_LARGE: return true;
     default: return false;
   }
 }

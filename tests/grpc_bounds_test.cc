@@ -111,10 +111,9 @@ TEST_P(GrpcBounds, ListsAreBounded) {
                 "block_ids");
   ExpectTooLong(c().Occupancy("p", std::vector<int64_t>(65537, 0)).status,
                 "page_ids");
-  // max_pages is a cap: "every page" (INT64_MAX) is clamped, not refused.
-  auto cap = c().Capacity("p", INT64_MAX);
-  ASSERT_TRUE(cap.ok());
-  EXPECT_EQ(cap->capacity().page_list_size(), 4);
+  // The page list's bound is the daemon's --max_page_list (4096 here).
+  ExpectTooLong(c().Capacity("p", 4097).status, "max_pages");
+  EXPECT_TRUE(c().Capacity("p", 4096).ok());
 
   // 100,000 bad devices took 4.7 s and a 10.7 MB error.
   v1::PoolSpec spec = Spec("many", MiB(2), KiB(512), 16);

@@ -33,11 +33,11 @@
 #include "absl/time/time.h"
 #include "allocator/failure.h"
 #include "allocator/units.h"
+#include "client/error_codec.h"
 #include "gtest/gtest.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/grpc/reflection/v1/reflection.grpc.pb.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
-#include "server/status_convert.h"
 #include "tests/grpc_test_util.h"
 #include "tests/http_exchange.h"
 
@@ -327,11 +327,13 @@ TEST_P(GrpcDaemon, WatchCapacitySendsSnapshotsCoalescedUntilDeleted) {
 }
 
 TEST_P(GrpcDaemon, WatchCapacityCoalescesWhileTheReaderIsSlow) {
-  ASSERT_NO_FATAL_FAILURE(Start());
   // One block per page and the per-page list in every snapshot (about
   // 400 KiB each): an unread stream fills the HTTP/2 window and the socket
   // buffers after a few snapshots, and the server has to coalesce.
   constexpr int64_t kPages = 32768;
+  RigOptions options;
+  options.limits.max_page_list = kPages;
+  ASSERT_NO_FATAL_FAILURE(Start(options));
   ASSERT_REPLY_OK(c().CreatePool(Spec("w", MiB(2), MiB(2), kPages)));
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Seconds(60)));
@@ -355,6 +357,72 @@ TEST_P(GrpcDaemon, WatchCapacityCoalescesWhileTheReaderIsSlow) {
               kChanges);
   EXPECT_LT(snapshots, kChanges / 2) << "no coalescing";
   ctx.TryCancel();
+}
+
+// The first (only) BadRequest field of a refusal.
+std::string BadField(const grpc::Status& status) {
+  std::optional<google::rpc::BadRequest> bad =
+      GetDetail<google::rpc::BadRequest>(status);
+  if (!bad.has_value() || bad->field_violations_size() != 1) return "";
+  return bad->field_violations(0).field();
+}
+
+TEST_P(GrpcDaemon, PageListsAndWatchesPerCallerAreBounded) {
+  RigOptions options;
+  options.limits.max_page_list = 8;
+  options.watch.max_watches_per_caller = 2;
+  ASSERT_NO_FATAL_FAILURE(Start(options));
+  ASSERT_REPLY_OK(c().CreatePool(Spec("b", MiB(2), MiB(1), 40)));
+
+  Reply<v1::CapacityResponse> over = c().Capacity("b", 9);
+  EXPECT_TRUE(IsRefusal(over.status, FailureReason::kInvalidArgument));
+  EXPECT_EQ(BadField(over.status), "max_pages");
+  Reply<v1::CapacityResponse> at = c().Capacity("b", 8);
+  ASSERT_REPLY_OK(at);
+  EXPECT_EQ(at.response.capacity().page_list_size(), 8);
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(30)));
+    std::unique_ptr<WatchReader> watch = Watch(c(), &ctx, "b", 9);
+    v1::WatchCapacityResponse msg;
+    EXPECT_FALSE(watch->Read(&msg));
+    grpc::Status end = watch->Finish();
+    EXPECT_TRUE(IsRefusal(end, FailureReason::kInvalidArgument));
+    EXPECT_EQ(BadField(end), "max_pages");
+  }
+
+  // Two streams from this caller are served; the third is refused.
+  grpc::ClientContext ctx1, ctx2, ctx3;
+  for (grpc::ClientContext* ctx : {&ctx1, &ctx2, &ctx3}) {
+    ctx->set_deadline(In(absl::Seconds(30)));
+  }
+  std::unique_ptr<WatchReader> w1 = Watch(c(), &ctx1, "b", 8);
+  std::unique_ptr<WatchReader> w2 = Watch(c(), &ctx2, "b");
+  v1::WatchCapacityResponse msg;
+  ASSERT_TRUE(w1->Read(&msg));
+  EXPECT_EQ(msg.capacity().page_list_size(), 8);
+  ASSERT_TRUE(w2->Read(&msg));
+  EXPECT_EQ(msg.capacity().page_list_size(), 0);
+  std::unique_ptr<WatchReader> w3 = Watch(c(), &ctx3, "b");
+  EXPECT_FALSE(w3->Read(&msg));
+  grpc::Status refused = w3->Finish();
+  EXPECT_TRUE(IsRefusal(refused, FailureReason::kInvalidArgument));
+  EXPECT_EQ(BadField(refused), "pool");
+  std::optional<google::rpc::ErrorInfo> info = GetErrorInfo(refused);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->metadata().at("max_watches_per_caller"), "2");
+
+  // The two served streams still follow the pool.
+  ASSERT_REPLY_OK(c().Alloc("b", 1));
+  const uint64_t generation = c().Cap("b").generation();
+  for (WatchReader* w : {w1.get(), w2.get()}) {
+    do {
+      ASSERT_TRUE(w->Read(&msg));
+    } while (msg.capacity().generation() < generation);
+    EXPECT_EQ(msg.capacity().allocated_blocks(), 1);
+  }
+  ctx1.TryCancel();
+  ctx2.TryCancel();
 }
 
 TEST_P(GrpcDaemon, WatchCapacityOfAnUnknownPoolIsRefused) {

@@ -23,10 +23,10 @@
 #include "allocator/failure.h"
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/units.h"
+#include "client/error_codec.h"
 #include "gtest/gtest.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
-#include "server/status_convert.h"
 #include "tests/grpc_test_util.h"
 
 namespace kvbroker {

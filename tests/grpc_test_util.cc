@@ -7,7 +7,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "server/status_convert.h"
+#include "client/error_codec.h"
 
 namespace kvbroker {
 namespace testing {
@@ -70,6 +70,8 @@ Rig::Rig(RigOptions options)
   daemon_options.health_interval = absl::Milliseconds(20);
   daemon_options.tcp_credentials = options.tcp_credentials;
   daemon_options.access = options.access;
+  daemon_options.limits = options.limits;
+  daemon_options.watch = options.watch;
   absl::StatusOr<std::unique_ptr<Daemon>> created =
       Daemon::Create(&backend, broker_options, daemon_options);
   if (!created.ok()) {
@@ -278,15 +280,14 @@ std::map<std::string, std::string> Metadata(const grpc::Status& status) {
     return ::testing::AssertionFailure()
            << "google.rpc.Status disagrees with the gRPC status";
   }
-  std::optional<google::rpc::ErrorInfo> info = GetErrorInfo(status);
-  if (!info.has_value() || info->reason() != ReasonName(reason)) {
+  // Decoded as every client decodes it.
+  std::optional<KvbError> e = DecodeError(status);
+  if (!e.has_value() || e->reason_name != ReasonName(reason) ||
+      static_cast<int>(e->reason) != static_cast<int>(reason)) {
     return ::testing::AssertionFailure()
-           << "ErrorInfo reason "
-           << (info.has_value() ? info->reason() : "<none>") << "; expected "
-           << ReasonName(reason) << " (" << status.error_message() << ")";
-  }
-  if (GetReason(FromGrpcStatus(status)) != reason) {
-    return ::testing::AssertionFailure() << "FromGrpcStatus lost the reason";
+           << "decoded reason " << (e.has_value() ? e->reason_name : "<none>")
+           << "; expected " << ReasonName(reason) << " ("
+           << status.error_message() << ")";
   }
   return ::testing::AssertionSuccess();
 }

@@ -53,6 +53,9 @@ struct RigOptions {
   // DaemonOptions::tcp_credentials and ::access.
   std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
   std::shared_ptr<const AccessPolicy> access;
+  // DaemonOptions::limits and ::watch.
+  ServiceLimits limits;
+  ChangeFeed::Options watch;
 };
 
 // A started daemon. Construction failures are reported with ADD_FAILURE and
@@ -142,7 +145,8 @@ std::map<std::string, std::string> Metadata(const grpc::Status& status);
 // Success iff `status` is the kvbroker refusal `reason` as SPEC 6 puts it on
 // the wire: the reason's code, a google.rpc.Status in the details whose
 // first detail is ErrorInfo{domain "kvbroker", reason}, the same code and
-// message inside, and the same reason after FromGrpcStatus.
+// message inside, and the same reason when decoded by client/error_codec.h
+// (whose v1::Reason numbers equal FailureReason's).
 ::testing::AssertionResult IsRefusal(const grpc::Status& status,
                                      FailureReason reason);
 

@@ -1,0 +1,529 @@
+// The three verbs. Broker calls go through the directory's clients; every
+// outcome is counted in the registry that /metrics renders.
+
+#include "extender/extender.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+#include <grpcpp/completion_queue.h>
+#include <grpcpp/support/async_unary_call.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "prometheus/text_serializer.h"
+#include "proto/kvbroker/v1/kvbroker.pb.h"
+
+namespace kvbroker {
+namespace extender {
+
+namespace {
+
+HttpResponse Json(int code, std::string body) {
+  return {code, "application/json", std::move(body)};
+}
+
+HttpResponse Text(int code, std::string body) {
+  return {code, "text/plain; charset=utf-8", std::move(body)};
+}
+
+// "k=v k=v" of a refusal's ErrorInfo metadata (keys carry units).
+std::string Figures(const std::map<std::string, std::string>& metadata) {
+  std::string out;
+  for (const auto& [k, v] : metadata) {
+    absl::StrAppend(&out, out.empty() ? "" : " ", k, "=", v);
+  }
+  return out;
+}
+
+// The pool incarnation a message reports, when its proto has a pool_uid
+// field; "" otherwise.
+std::string PoolUidOf(const google::protobuf::Message& m) {
+  const google::protobuf::FieldDescriptor* f =
+      m.GetDescriptor()->FindFieldByName("pool_uid");
+  if (f == nullptr || f->is_repeated()) return "";
+  const google::protobuf::Reflection* r = m.GetReflection();
+  switch (f->cpp_type()) {
+    case google::protobuf::FieldDescriptor::CPPTYPE_STRING:
+      return r->GetString(m, f);
+    case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
+      return absl::StrCat(r->GetUInt64(m, f));
+    case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+      return absl::StrCat(r->GetInt64(m, f));
+    default: return "";
+  }
+}
+
+// The verdict of a Capacity snapshot for `blocks`, in the broker's order.
+NodeCheck Judge(const v1::CapacitySnapshot& s, int64_t blocks) {
+  NodeCheck c;
+  c.blocks = blocks;
+  c.available_blocks = s.available_blocks();
+  const std::string figures = absl::StrCat(
+      "requested_blocks=", blocks, " available_blocks=", s.available_blocks(),
+      " pool_total_blocks=", s.total_blocks(),
+      " reserved_blocks=", s.reserved_blocks(),
+      " allocated_blocks=", s.allocated_blocks());
+  auto refuse = [&](v1::Reason reason, bool unresolvable,
+                    const std::string& extra) {
+    c.verdict = v1::Reason_Name(reason);
+    c.reason = absl::StrCat(c.verdict, ": ", figures, extra);
+    c.unresolvable = unresolvable;
+    return c;
+  };
+  if (!s.healthy()) {
+    return refuse(v1::POOL_FAILED, true, absl::StrCat(" (", s.failure(), ")"));
+  }
+  if (blocks <= s.available_blocks()) {
+    c.fits = true;
+    c.verdict = "fits";
+    return c;
+  }
+  if (blocks > s.total_blocks()) return refuse(v1::REQUEST_TOO_LARGE, true, "");
+  if (s.limit().state() == v1::LIMIT_STATE_DEFERRED) {
+    return refuse(v1::SHRINK_PENDING, false,
+                  absl::StrCat(" target_pages=", s.limit().target_pages()));
+  }
+  if (blocks > s.total_blocks() - s.allocated_blocks() - s.reserved_blocks()) {
+    return refuse(v1::POOL_EXHAUSTED, false, "");
+  }
+  return refuse(v1::GPU_MEMORY_EXHAUSTED, false,
+                absl::StrCat(" affordable_pages=", s.affordable_bundles()));
+}
+
+// The verdict of a failed broker call.
+NodeCheck FromError(const absl::Status& status) {
+  NodeCheck c;
+  const KvbError e = GetKvbError(status).value();
+  if (e.reason == v1::REASON_UNSPECIFIED) {
+    c.verdict = "BROKER_UNREACHABLE";
+    c.reason = absl::StrCat(
+        "broker unreachable: ", absl::StatusCodeToString(status.code()), ": ",
+        status.message());
+    return c;
+  }
+  c.verdict = e.reason_name.empty() ? v1::Reason_Name(e.reason) : e.reason_name;
+  c.reason = absl::StrCat(c.verdict, ": ", e.message);
+  if (!e.metadata.empty()) absl::StrAppend(&c.reason, " ", Figures(e.metadata));
+  c.unresolvable = e.reason == v1::POOL_NOT_FOUND ||
+                   e.reason == v1::POOL_FAILED ||
+                   e.reason == v1::REQUEST_TOO_LARGE;
+  return c;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+}  // namespace
+
+absl::StatusOr<ScorePolicy> ParseScorePolicy(absl::string_view name) {
+  if (name == "most_free") return ScorePolicy::kMostFree;
+  if (name == "least_free") return ScorePolicy::kLeastFree;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "score policy \"", name, "\" is neither most_free nor least_free"));
+}
+
+Extender::Extender(BrokerDirectory* directory, const KubeClient* kube,
+                   ExtenderOptions options)
+    : directory_(directory),
+      kube_(kube),
+      options_(options),
+      registry_(std::make_shared<prometheus::Registry>()),
+      requests_(prometheus::BuildCounter()
+                    .Name("kvbroker_extender_requests_total")
+                    .Help("Extender HTTP requests by verb and status code.")
+                    .Register(*registry_)),
+      latency_(prometheus::BuildHistogram()
+                   .Name("kvbroker_extender_request_seconds")
+                   .Help("Time to answer a verb, broker calls included.")
+                   .Register(*registry_)),
+      node_verdicts_(prometheus::BuildCounter()
+                         .Name("kvbroker_extender_node_verdicts_total")
+                         .Help("Filtered nodes by verdict: fits, or why "
+                               "the node was dropped.")
+                         .Register(*registry_)),
+      binds_(prometheus::BuildCounter()
+                 .Name("kvbroker_extender_binds_total")
+                 .Help("Bind calls by outcome.")
+                 .Register(*registry_)),
+      released_(prometheus::BuildCounter()
+                    .Name("kvbroker_extender_reservations_released_total")
+                    .Help("Reservations released because their bind failed.")
+                    .Register(*registry_)
+                    .Add({})),
+      brokers_(prometheus::BuildGauge()
+                   .Name("kvbroker_extender_brokers")
+                   .Help("Broker pods known (by node), and relists that "
+                         "failed.")
+                   .Register(*registry_)) {}
+
+void Extender::Count(const std::string& verb, int code) {
+  requests_.Add({{"verb", verb}, {"code", absl::StrCat(code)}}).Increment();
+}
+
+HttpResponse Extender::Handle(const HttpRequest& request) {
+  const std::string& path = request.path;
+  if (path == "/healthz") return Text(200, "ok\n");
+  if (path == "/readyz") {
+    return directory_->refreshes() > directory_->refresh_failures()
+               ? Text(200, "ok\n")
+               : Text(503, "the broker pods have not been listed yet\n");
+  }
+  if (path == "/metrics") {
+    return {200, "text/plain; version=0.0.4; charset=utf-8", RenderMetrics()};
+  }
+  std::string verb;
+  if (path == "/filter" || path == "/prioritize" || path == "/bind") {
+    verb = path.substr(1);
+  } else {
+    return Text(404,
+                "kvbroker-extender serves POST /filter, /prioritize, "
+                "/bind and GET /healthz, /readyz, /metrics\n");
+  }
+  if (request.method != "POST") {
+    Count(verb, 405);
+    return Text(405, absl::StrCat("/", verb, " takes POST\n"));
+  }
+  const absl::Time start = absl::Now();
+  HttpResponse response = verb == "filter"       ? Filter(request.body)
+                          : verb == "prioritize" ? Prioritize(request.body)
+                                                 : Bind(request.body);
+  latency_
+      .Add({{"verb", verb}},
+           prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005,
+                                                   0.01, 0.02, 0.05, 0.1, 0.2,
+                                                   0.5, 1, 2, 5})
+      .Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  Count(verb, response.code);
+  return response;
+}
+
+NodeCheck Extender::NoBroker(const std::string& node) {
+  NodeCheck c;
+  c.verdict = "NO_BROKER";
+  c.reason = absl::StrCat("no kvbroker on node ", node);
+  c.unresolvable = true;
+  return c;
+}
+
+NodeCheck Extender::Verdict(const KvRequest& request,
+                            const grpc::Status& status,
+                            const v1::CapacityResponse& capacity,
+                            const v1::GetPoolResponse& pool) {
+  if (!status.ok()) return FromError(KvbStatusFromGrpc(status));
+  if (request.blocks > 0) return Judge(capacity.capacity(), request.blocks);
+  const int64_t per_block = pool.pool().spec().tokens_per_block();
+  if (per_block <= 0) {
+    NodeCheck c;
+    c.verdict = "NO_TOKENS_PER_BLOCK";
+    c.reason = absl::StrCat("pool ", request.pool,
+                            " has no tokens_per_block on this node; ask in ",
+                            kBlocksAnnotation);
+    c.unresolvable = true;
+    return c;
+  }
+  return Judge(pool.pool().capacity(), CeilDiv(request.tokens, per_block));
+}
+
+std::vector<NodeCheck> Extender::CheckAll(const std::vector<std::string>& nodes,
+                                          const KvRequest& request) {
+  // One in-flight call per node; ClientContext cannot move, hence the
+  // pointers.
+  struct Call {
+    grpc::ClientContext context;
+    grpc::Status status;
+    v1::CapacityResponse capacity;
+    v1::GetPoolResponse pool;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::CapacityResponse>>
+        capacity_reader;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::GetPoolResponse>>
+        pool_reader;
+  };
+  std::vector<NodeCheck> checks(nodes.size());
+  std::vector<std::unique_ptr<Call>> calls(nodes.size());
+  grpc::CompletionQueue cq;
+  const auto deadline = absl::ToChronoTime(absl::Now() + options_.node_timeout);
+  v1::CapacityRequest capacity_request;
+  capacity_request.set_pool(request.pool);
+  v1::GetPoolRequest pool_request;
+  pool_request.set_pool(request.pool);
+  size_t outstanding = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    absl::StatusOr<std::shared_ptr<const Broker>> broker =
+        directory_->Find(nodes[i]);
+    if (!broker.ok()) {
+      checks[i] = NoBroker(nodes[i]);
+      continue;
+    }
+    auto call = std::make_unique<Call>();
+    call->context.set_deadline(deadline);
+    if (!(*broker)->authorization.empty()) {
+      call->context.AddMetadata("authorization", (*broker)->authorization);
+    }
+    void* tag = reinterpret_cast<void*>(i);
+    if (request.blocks > 0) {
+      call->capacity_reader =
+          (*broker)->stub->AsyncCapacity(&call->context, capacity_request, &cq);
+      call->capacity_reader->Finish(&call->capacity, &call->status, tag);
+    } else {
+      call->pool_reader =
+          (*broker)->stub->AsyncGetPool(&call->context, pool_request, &cq);
+      call->pool_reader->Finish(&call->pool, &call->status, tag);
+    }
+    calls[i] = std::move(call);
+    ++outstanding;
+  }
+  void* tag = nullptr;
+  bool ok = false;
+  while (outstanding > 0 && cq.Next(&tag, &ok)) {
+    const size_t i = reinterpret_cast<size_t>(tag);
+    checks[i] =
+        Verdict(request, calls[i]->status, calls[i]->capacity, calls[i]->pool);
+    --outstanding;
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return checks;
+}
+
+HttpResponse Extender::Filter(const std::string& body) {
+  absl::StatusOr<ExtenderArgs> args = ParseExtenderArgs(body);
+  if (!args.ok())
+    return Json(400, EncodeError(std::string(args.status().message())));
+  absl::StatusOr<PodView> pod = ParsePod(args->pod);
+  if (!pod.ok())
+    return Json(400, EncodeError(std::string(pod.status().message())));
+  absl::StatusOr<std::optional<KvRequest>> request =
+      ParseKvRequest(pod->annotations);
+  if (!request.ok()) {
+    return Json(400, EncodeError(std::string(request.status().message())));
+  }
+  FilterVerdict verdict;
+  if (!request->has_value()) {
+    for (size_t i = 0; i < args->node_names.size(); ++i)
+      verdict.kept.push_back(i);
+    return Json(200, EncodeFilterResult(*args, verdict));
+  }
+  const std::vector<NodeCheck> checks = CheckAll(args->node_names, **request);
+  for (size_t i = 0; i < checks.size(); ++i) {
+    node_verdicts_.Add({{"verdict", checks[i].verdict}}).Increment();
+    if (checks[i].fits) {
+      verdict.kept.push_back(i);
+    } else if (checks[i].unresolvable) {
+      verdict.unresolvable[args->node_names[i]] = checks[i].reason;
+    } else {
+      verdict.failed[args->node_names[i]] = checks[i].reason;
+    }
+  }
+  return Json(200, EncodeFilterResult(*args, verdict));
+}
+
+HttpResponse Extender::Prioritize(const std::string& body) {
+  absl::StatusOr<ExtenderArgs> args = ParseExtenderArgs(body);
+  if (!args.ok())
+    return Json(400, EncodeError(std::string(args.status().message())));
+  absl::StatusOr<PodView> pod = ParsePod(args->pod);
+  if (!pod.ok())
+    return Json(400, EncodeError(std::string(pod.status().message())));
+  absl::StatusOr<std::optional<KvRequest>> request =
+      ParseKvRequest(pod->annotations);
+  if (!request.ok()) {
+    return Json(400, EncodeError(std::string(request.status().message())));
+  }
+  std::vector<std::pair<std::string, int64_t>> scores;
+  for (const std::string& node : args->node_names) scores.push_back({node, 0});
+  if (!request->has_value()) return Json(200, EncodeHostPriorityList(scores));
+  const std::vector<NodeCheck> checks = CheckAll(args->node_names, **request);
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (const NodeCheck& c : checks) {
+    if (!c.fits) continue;
+    lo = std::min(lo, c.available_blocks);
+    hi = std::max(hi, c.available_blocks);
+  }
+  for (size_t i = 0; i < checks.size(); ++i) {
+    if (!checks[i].fits) continue;
+    if (hi == lo) {
+      scores[i].second = kMaxExtenderPriority;
+      continue;
+    }
+    const int64_t a = checks[i].available_blocks;
+    const double x = options_.policy == ScorePolicy::kMostFree
+                         ? static_cast<double>(a - lo) / (hi - lo)
+                         : static_cast<double>(hi - a) / (hi - lo);
+    scores[i].second = 1 + std::llround((kMaxExtenderPriority - 1) * x);
+  }
+  return Json(200, EncodeHostPriorityList(scores));
+}
+
+std::string Extender::ReserveRequestId(const std::string& uid) {
+  absl::MutexLock lock(&mu_);
+  auto it = released_pods_.find(uid);
+  return it == released_pods_.end() ? uid : absl::StrCat(uid, "/", it->second);
+}
+
+void Extender::NoteReleased(const std::string& uid) {
+  absl::MutexLock lock(&mu_);
+  if (released_pods_.size() >= kMaxReleasedPods) released_pods_.clear();
+  ++released_pods_[uid];
+}
+
+HttpResponse Extender::Bind(const std::string& body) {
+  absl::StatusOr<BindingArgs> args = ParseBindingArgs(body);
+  if (!args.ok())
+    return Json(400, EncodeError(std::string(args.status().message())));
+  auto outcome = [&](const std::string& name) {
+    binds_.Add({{"outcome", name}}).Increment();
+  };
+  absl::StatusOr<nlohmann::json> pod_json =
+      kube_->GetPod(args->pod_namespace, args->pod_name);
+  if (!pod_json.ok()) {
+    outcome("pod_error");
+    return Json(200,
+                EncodeBindingResult(std::string(pod_json.status().message())));
+  }
+  absl::StatusOr<PodView> pod = ParsePod(*pod_json);
+  if (!pod.ok()) {
+    outcome("pod_error");
+    return Json(200, EncodeBindingResult(std::string(pod.status().message())));
+  }
+  if (pod->uid != args->pod_uid) {
+    outcome("pod_error");
+    return Json(
+        200, EncodeBindingResult(absl::StrCat(
+                 "pod ", args->pod_namespace, "/", args->pod_name, " has uid ",
+                 pod->uid, ", not ", args->pod_uid, ": it was replaced")));
+  }
+  absl::StatusOr<std::optional<KvRequest>> request =
+      ParseKvRequest(pod->annotations);
+  if (!request.ok()) {
+    outcome("bad_annotations");
+    return Json(400, EncodeError(std::string(request.status().message())));
+  }
+  if (!pod->node_name.empty()) {
+    if (pod->node_name == args->node &&
+        (!request->has_value() ||
+         pod->annotations.count(kReservationAnnotation) != 0)) {
+      outcome("already_bound");
+      return Json(200, EncodeBindingResult(""));
+    }
+    outcome("pod_error");
+    return Json(200, EncodeBindingResult(absl::StrCat(
+                         "pod is already bound to node ", pod->node_name)));
+  }
+  if (!request->has_value()) {
+    absl::Status bound = kube_->CreateBinding(
+        args->pod_namespace, args->pod_name, args->pod_uid, args->node);
+    outcome(bound.ok() ? "bound" : "binding_failed");
+    return Json(200, EncodeBindingResult(std::string(bound.message())));
+  }
+  return Json(200, EncodeBindingResult(BindKvPod(*args, **request)));
+}
+
+std::string Extender::BindKvPod(const BindingArgs& args,
+                                const KvRequest& request) {
+  auto outcome = [&](const std::string& name) {
+    binds_.Add({{"outcome", name}}).Increment();
+  };
+  absl::StatusOr<std::shared_ptr<const Broker>> broker =
+      directory_->Find(args.node);
+  if (!broker.ok()) {
+    outcome("no_broker");
+    return std::string(broker.status().message());
+  }
+  KvBrokerClient& client = *(*broker)->bind;
+  auto call = [&] { return CallOptions::WithTimeout(options_.bind_timeout); };
+  int64_t blocks = request.blocks;
+  if (blocks == 0) {
+    absl::StatusOr<v1::PoolInfo> info = client.GetPool(request.pool, call());
+    if (!info.ok()) {
+      outcome("reserve_refused");
+      return FromError(info.status()).reason;
+    }
+    if (info->spec().tokens_per_block() <= 0) {
+      outcome("reserve_refused");
+      return absl::StrCat("pool ", request.pool, " has no tokens_per_block");
+    }
+    blocks = CeilDiv(request.tokens, info->spec().tokens_per_block());
+  }
+  ReserveOptions reserve;
+  reserve.request_id = ReserveRequestId(args.pod_uid);
+  reserve.ttl = options_.reservation_ttl;
+  absl::StatusOr<v1::ReserveResponse> reservation =
+      client.Reserve(request.pool, blocks, reserve, call());
+  if (!reservation.ok()) {
+    outcome("reserve_refused");
+    return absl::StrCat("Reserve ", blocks, " blocks of pool ", request.pool,
+                        " on node ", args.node, ": ",
+                        FromError(reservation.status()).reason);
+  }
+  std::string pool_uid = PoolUidOf(*reservation);
+  if (pool_uid.empty() && v1::CapacitySnapshot::descriptor()->FindFieldByName(
+                              "pool_uid") != nullptr) {
+    absl::StatusOr<v1::CapacitySnapshot> s =
+        client.Capacity(request.pool, 0, call());
+    if (s.ok()) pool_uid = PoolUidOf(*s);
+  }
+  const std::string expiry = absl::FormatTime(
+      absl::RFC3339_sec,
+      absl::FromUnixSeconds(reservation->expire_time().seconds()),
+      absl::UTCTimeZone());
+  std::map<std::string, std::optional<std::string>> annotations = {
+      {kReservationAnnotation, reservation->reservation_id()},
+      {kReservationNodeAnnotation, args.node},
+      {kReservationExpiryAnnotation, expiry}};
+  if (!pool_uid.empty()) annotations[kPoolUidAnnotation] = pool_uid;
+
+  auto undo = [&](const std::string& failed, const absl::Status& why,
+                  bool clear_annotations) {
+    absl::Status released =
+        client
+            .ReleaseReservation(request.pool, reservation->reservation_id(),
+                                call())
+            .status();
+    if (released.ok()) released_.Increment();
+    NoteReleased(args.pod_uid);
+    if (clear_annotations) {
+      std::map<std::string, std::optional<std::string>> clear;
+      for (const auto& [k, v] : annotations) clear[k] = std::nullopt;
+      (void)kube_->PatchPodAnnotations(args.pod_namespace, args.pod_name,
+                                       clear);
+    }
+    outcome(failed);
+    return absl::StrCat(failed, ": ", why.message(),
+                        released.ok()
+                            ? "; the reservation was released"
+                            : absl::StrCat("; releasing the reservation "
+                                           "failed too (it expires at ",
+                                           expiry, "): ", released.message()));
+  };
+  absl::Status patched = kube_->PatchPodAnnotations(args.pod_namespace,
+                                                    args.pod_name, annotations);
+  if (!patched.ok()) return undo("patch_failed", patched, false);
+  absl::Status bound = kube_->CreateBinding(args.pod_namespace, args.pod_name,
+                                            args.pod_uid, args.node);
+  if (bound.code() == absl::StatusCode::kAlreadyExists) {
+    // A retry whose first attempt did bind: success iff bound here.
+    absl::StatusOr<nlohmann::json> again =
+        kube_->GetPod(args.pod_namespace, args.pod_name);
+    absl::StatusOr<PodView> view =
+        again.ok() ? ParsePod(*again) : absl::StatusOr<PodView>(again.status());
+    if (view.ok() && view->node_name == args.node) bound = absl::OkStatus();
+  }
+  if (!bound.ok()) return undo("binding_failed", bound, true);
+  outcome(reservation->replayed() ? "bound_replayed" : "bound");
+  return "";
+}
+
+std::string Extender::RenderMetrics() {
+  brokers_.Add({{"state", "known"}})
+      .Set(static_cast<double>(directory_->size()));
+  brokers_.Add({{"state", "relist_failures"}})
+      .Set(static_cast<double>(directory_->refresh_failures()));
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace extender
+}  // namespace kvbroker

@@ -1,0 +1,176 @@
+// Extender: the filter, prioritize and bind verbs of kvbroker-extender
+// (the Kubernetes scheduler extender protocol, extender_api.h), over the
+// brokers of BrokerDirectory and the Kubernetes API of KubeClient.
+//
+// Filter. A pod without kvbroker annotations gets every candidate back and
+// no broker is asked. Otherwise every candidate node's broker is asked for
+// the pool's Capacity at once (GetPool when the pod asks in tokens, to
+// learn tokens_per_block), all under one deadline `node_timeout` away: the
+// calls are started together on one gRPC completion queue, which the
+// calling thread drains (no thread per node; on a small machine 32
+// blocking calls on 32 threads cost several times more). A node is kept iff
+// its broker answers available_blocks >= the blocks asked for: exactly the
+// condition under which Alloc or Reserve of that many succeeds now. Every
+// dropped node is named with a reason:
+//   "REQUEST_TOO_LARGE: requested_blocks=4 pool_total_blocks=3 ..."
+//   (the broker's reason and figures; the reason is derived from the
+//   snapshot in the broker's own order: POOL_FAILED, REQUEST_TOO_LARGE,
+//   SHRINK_PENDING, POOL_EXHAUSTED when even every unmapped page of the
+//   pool would not do, else GPU_MEMORY_EXHAUSTED), the typed reason of a
+//   refused call (POOL_NOT_FOUND, PERMISSION_DENIED, ...),
+//   "broker unreachable: ..." for transport failures and deadlines, and
+//   "no kvbroker on node" when the directory has no broker there.
+// REQUEST_TOO_LARGE, POOL_NOT_FOUND, POOL_FAILED, a pool without
+// tokens_per_block and a node without a broker go to
+// FailedAndUnresolvableNodes (evicting pods cannot help); the rest to
+// FailedNodes.
+//
+// Prioritize. Scores in [0, kMaxExtenderPriority] by `policy`, from the
+// same Capacity answers: a node that cannot take the pod scores 0; among
+// those that can, with a = its available blocks and lo, hi the least and
+// most available among them,
+//   kMostFree:  1 + round(9 (a - lo) / (hi - lo))   (spread pods out)
+//   kLeastFree: 1 + round(9 (hi - a) / (hi - lo))   (pack pools full)
+// and 10 when hi == lo. Pods without annotations score 0 everywhere.
+//
+// Bind. Reads the pod (its UID must be the one the scheduler names), then:
+// Reserve(pool, blocks, ttl = reservation_ttl, request_id = the pod's UID)
+// on the chosen node; a merge patch writes kvbroker.io/reservation,
+// kvbroker.io/reservation-node, kvbroker.io/reservation-expire-time and,
+// when the broker reports one, kvbroker.io/pool-uid; then the pod's
+// Binding is created. When the patch or the Binding fails, the
+// reservation is released and the annotations are removed. A retried bind
+// is idempotent: Reserve with the same request_id replays the first
+// reservation, the patch writes the same values, and a pod already bound to
+// that node is success. After a bind that failed and released, the next
+// attempt for the same pod uses request_id "<uid>/<n>" so that it does not
+// replay the released reservation.
+//
+// HTTP (Handle): POST /filter, /prioritize, /bind; GET /healthz (200 while
+// serving), /readyz (200 once the broker pods have been listed), /metrics
+// (Prometheus text). A body that is not valid protocol JSON, or a pod with
+// malformed kvbroker annotations, is answered 400 with {"Error": why} and
+// nothing is reserved. Failures of the scheduling itself (no broker, a
+// refusal at bind) are protocol answers (200 with Error set).
+//
+// Thread safety: all methods may be called concurrently.
+
+#ifndef KVBROKER_EXTENDER_EXTENDER_H_
+#define KVBROKER_EXTENDER_EXTENDER_H_
+
+#include <grpcpp/support/status.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "extender/broker_directory.h"
+#include "extender/extender_api.h"
+#include "extender/http_server.h"
+#include "extender/kube_client.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "proto/kvbroker/v1/kvbroker.pb.h"
+
+namespace kvbroker {
+namespace extender {
+
+enum class ScorePolicy { kMostFree, kLeastFree };
+
+// "most_free" / "least_free".
+absl::StatusOr<ScorePolicy> ParseScorePolicy(absl::string_view name);
+
+struct ExtenderOptions {
+  // Deadline of each node's Capacity call in filter and prioritize.
+  absl::Duration node_timeout = absl::Milliseconds(500);
+  // Deadline of each broker call in bind (all attempts).
+  absl::Duration bind_timeout = absl::Seconds(5);
+  ScorePolicy policy = ScorePolicy::kMostFree;
+  // TTL of the reservation made at bind; the engine must redeem it by then.
+  absl::Duration reservation_ttl = absl::Minutes(10);
+};
+
+// One node's answer, as filter and prioritize use it.
+struct NodeCheck {
+  bool fits = false;
+  // Blocks the pod needs on this node (tokens converted with its pool).
+  int64_t blocks = 0;
+  int64_t available_blocks = 0;
+  // Dropped nodes: why (see the file comment), and whether preemption could
+  // change it.
+  std::string reason;
+  bool unresolvable = false;
+  // The metric label of the verdict: "fits", a kvbroker reason name,
+  // "BROKER_UNREACHABLE", "NO_BROKER", "NO_TOKENS_PER_BLOCK".
+  std::string verdict;
+};
+
+class Extender {
+ public:
+  // `directory` and `kube` must outlive the extender.
+  Extender(BrokerDirectory* directory, const KubeClient* kube,
+           ExtenderOptions options);
+  Extender(const Extender&) = delete;
+  Extender& operator=(const Extender&) = delete;
+
+  // The whole HTTP surface (see the file comment).
+  HttpResponse Handle(const HttpRequest& request);
+
+  HttpResponse Filter(const std::string& body);
+  HttpResponse Prioritize(const std::string& body);
+  HttpResponse Bind(const std::string& body);
+
+  // Prometheus text of the extender's metrics.
+  std::string RenderMetrics();
+
+ private:
+  // Asks every node's broker at once whether it can take `request` now.
+  std::vector<NodeCheck> CheckAll(const std::vector<std::string>& nodes,
+                                  const KvRequest& request);
+  static NodeCheck NoBroker(const std::string& node);
+  // One node's answer.
+  static NodeCheck Verdict(const KvRequest& request, const grpc::Status& status,
+                           const v1::CapacityResponse& capacity,
+                           const v1::GetPoolResponse& pool);
+  // The request id of the next Reserve for the pod.
+  std::string ReserveRequestId(const std::string& uid) ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteReleased(const std::string& uid) ABSL_LOCKS_EXCLUDED(mu_);
+  // Bind's steps after the pod was read; returns the protocol error ("" =
+  // bound).
+  std::string BindKvPod(const BindingArgs& args, const KvRequest& request);
+  void Count(const std::string& verb, int code);
+
+  BrokerDirectory* const directory_;
+  const KubeClient* const kube_;
+  const ExtenderOptions options_;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Counter>& node_verdicts_;
+  prometheus::Family<prometheus::Counter>& binds_;
+  prometheus::Counter& released_;
+  prometheus::Family<prometheus::Gauge>& brokers_;
+
+  absl::Mutex mu_;
+  // Pods whose bind reserved and then released: how many times. Bounded by
+  // kMaxReleasedPods (cleared when full: a stale entry only changes which
+  // request id a later bind uses).
+  static constexpr size_t kMaxReleasedPods = 100000;
+  absl::flat_hash_map<std::string, int> released_pods_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace extender
+}  // namespace kvbroker
+
+#endif  // KVBROKER_EXTENDER_EXTENDER_H_

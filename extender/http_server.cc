@@ -1,0 +1,142 @@
+// libmicrohttpd glue of HttpServer: the body is gathered across the
+// library's upload callbacks in a per-request state, then the handler runs
+// once with the whole request.
+
+#include "extender/http_server.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvbroker {
+namespace extender {
+
+std::string HttpRequest::Header(const std::string& name) const {
+  auto it = headers.find(name);
+  return it == headers.end() ? "" : it->second;
+}
+
+namespace {
+
+struct PendingRequest {
+  HttpRequest request;
+  bool too_large = false;
+};
+
+MHD_Result CollectHeader(void* cls, MHD_ValueKind /*kind*/, const char* key,
+                         const char* value) {
+  auto* headers = static_cast<std::map<std::string, std::string>*>(cls);
+  (*headers)[absl::AsciiStrToLower(key)] = value != nullptr ? value : "";
+  return MHD_YES;
+}
+
+MHD_Result CollectQuery(void* cls, MHD_ValueKind /*kind*/, const char* key,
+                        const char* value) {
+  auto* query = static_cast<std::map<std::string, std::string>*>(cls);
+  (*query)[key] = value != nullptr ? value : "";
+  return MHD_YES;
+}
+
+MHD_Result Send(MHD_Connection* connection, const HttpResponse& response) {
+  MHD_Response* r = MHD_create_response_from_buffer(
+      response.body.size(), const_cast<char*>(response.body.data()),
+      MHD_RESPMEM_MUST_COPY);
+  if (r == nullptr) return MHD_NO;
+  MHD_add_response_header(r, "Content-Type", response.content_type.c_str());
+  const MHD_Result queued = MHD_queue_response(connection, response.code, r);
+  MHD_destroy_response(r);
+  return queued;
+}
+
+void Completed(void* /*cls*/, MHD_Connection* /*connection*/, void** req_cls,
+               MHD_RequestTerminationCode /*toe*/) {
+  delete static_cast<PendingRequest*>(*req_cls);
+  *req_cls = nullptr;
+}
+
+}  // namespace
+
+struct HttpServerCallbacks {
+  static MHD_Result Handle(void* cls, MHD_Connection* connection,
+                           const char* url, const char* method,
+                           const char* /*version*/, const char* upload_data,
+                           size_t* upload_data_size, void** req_cls) {
+    auto* server = static_cast<HttpServer*>(cls);
+    auto* pending = static_cast<PendingRequest*>(*req_cls);
+    if (pending == nullptr) {  // headers only, first call
+      pending = new PendingRequest;
+      pending->request.method = method;
+      pending->request.path = url;
+      MHD_get_connection_values(connection, MHD_HEADER_KIND, &CollectHeader,
+                                &pending->request.headers);
+      MHD_get_connection_values(connection, MHD_GET_ARGUMENT_KIND,
+                                &CollectQuery, &pending->request.query);
+      *req_cls = pending;
+      return MHD_YES;
+    }
+    if (*upload_data_size != 0) {
+      if (pending->request.body.size() + *upload_data_size >
+          HttpServer::kMaxBodyBytes) {
+        pending->too_large = true;
+      } else {
+        pending->request.body.append(upload_data, *upload_data_size);
+      }
+      *upload_data_size = 0;
+      return MHD_YES;
+    }
+    if (pending->too_large) {
+      return Send(connection,
+                  {413, "text/plain; charset=utf-8",
+                   absl::StrCat("request body over ", HttpServer::kMaxBodyBytes,
+                                " bytes\n")});
+    }
+    return Send(connection, server->handler_(pending->request));
+  }
+};
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
+    const std::string& listen, Handler handler) {
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", listen, "\" is not host:port"));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host == "localhost") host = "127.0.0.1";
+  if (host.empty()) host = "0.0.0.0";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the host of \"", listen, "\" must be an IPv4 address or localhost"));
+  }
+  std::unique_ptr<HttpServer> server(new HttpServer(std::move(handler)));
+  server->daemon_ = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION,
+      static_cast<uint16_t>(port), nullptr, nullptr,
+      &HttpServerCallbacks::Handle, server.get(), MHD_OPTION_SOCK_ADDR,
+      reinterpret_cast<const sockaddr*>(&addr), MHD_OPTION_NOTIFY_COMPLETED,
+      &Completed, nullptr, MHD_OPTION_END);
+  if (server->daemon_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  const MHD_DaemonInfo* info =
+      MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
+  server->port_ = info != nullptr ? info->port : port;
+  return server;
+}
+
+HttpServer::~HttpServer() {
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
+}
+
+}  // namespace extender
+}  // namespace kvbroker
