@@ -354,6 +354,13 @@ absl::StatusOr<v1::ReserveResponse> KvBrokerClient::Reserve(
 absl::StatusOr<v1::ReleaseReservationResponse>
 KvBrokerClient::ReleaseReservation(absl::string_view pool,
                                    absl::string_view reservation_id,
+                                   const CallOptions& call) {
+  return ReleaseReservation(pool, reservation_id, ReleaseOptions(), call);
+}
+
+absl::StatusOr<v1::ReleaseReservationResponse>
+KvBrokerClient::ReleaseReservation(absl::string_view pool,
+                                   absl::string_view reservation_id,
                                    const ReleaseOptions& options,
                                    const CallOptions& call) {
   v1::ReleaseReservationRequest request;

@@ -285,7 +285,12 @@ class KvBrokerClient {
   // Reasons: POOL_NOT_FOUND, RESERVATION_NOT_FOUND, RESERVATION_EXPIRED.
   absl::StatusOr<v1::ReleaseReservationResponse> ReleaseReservation(
       absl::string_view pool, absl::string_view reservation_id,
-      const ReleaseOptions& options = {}, const CallOptions& call = {});
+      const CallOptions& call = {});
+  // The same, refused (POOL_NOT_FOUND) unless the pool is still the
+  // incarnation of `options.pool_uid`.
+  absl::StatusOr<v1::ReleaseReservationResponse> ReleaseReservation(
+      absl::string_view pool, absl::string_view reservation_id,
+      const ReleaseOptions& options, const CallOptions& call = {});
 
   // SPEC 7. STALE and CONFLICT are outcomes in the reply, not errors.
   // Reasons: INVALID_ARGUMENT, POOL_NOT_FOUND, POOL_FAILED.
