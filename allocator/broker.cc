@@ -2,12 +2,38 @@
 
 #include "allocator/broker.h"
 
-#include <cstdio>
+#include <sys/random.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "allocator/failure.h"
 
 namespace kvbroker {
+namespace {
+
+// 128 random bits as 32 hex digits.
+std::string NewPoolUid() {
+  unsigned char bits[16];
+  size_t got = 0;
+  while (got < sizeof(bits)) {
+    const ssize_t n = getrandom(bits + got, sizeof(bits) - got, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got < sizeof(bits)) {  // no getrandom(2): the C++ library's source
+    std::random_device device;
+    for (unsigned char& b : bits) b = static_cast<unsigned char>(device());
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bits), sizeof(bits)));
+}
+
+}  // namespace
 
 Broker::Broker(Backend* backend, BrokerOptions options)
     : backend_(backend),
@@ -47,7 +73,7 @@ void Broker::Notify(const std::string& pool) const {
 }
 
 absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
-    const PoolConfig& config) {
+    const PoolConfig& config, CapacitySnapshot* created_capacity) {
   {
     absl::MutexLock lock(&mu_);
     if (pools_.count(config.name) > 0) {
@@ -57,6 +83,13 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
     }
   }
   PoolOptions po;
+  po.uid = NewPoolUid();
+  {
+    absl::MutexLock lock(&mu_);
+    po.initial_generation =
+        std::max(generation_floor_,
+                 static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  }
   po.min_idle_pages = options_.min_idle_pages;
   po.max_idle_pages = options_.max_idle_pages;
   po.idempotency_window = options_.idempotency_window;
@@ -66,6 +99,14 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
       PagePool::Create(config, backend_, &budgets_, clock_, std::move(po));
   if (!created.ok()) return created.status();
   std::shared_ptr<PagePool> pool(std::move(*created));
+  if (created_capacity != nullptr) {
+    absl::StatusOr<CapacitySnapshot> capacity = pool->Capacity();
+    if (!capacity.ok()) {
+      (void)pool->Shutdown(/*force=*/true);
+      return capacity.status();
+    }
+    *created_capacity = *std::move(capacity);
+  }
   bool inserted;
   {
     absl::MutexLock lock(&mu_);
@@ -115,10 +156,12 @@ absl::Status Broker::DeletePool(const std::string& name, bool force) {
   if (!pool.ok()) return pool.status();
   absl::Status s = (*pool)->Shutdown(force);
   if (GetReason(s) == FailureReason::kPoolNotEmpty) return s;
+  const uint64_t final_generation = (*pool)->generation();
   {
     absl::MutexLock lock(&mu_);
     auto it = pools_.find(name);
     if (it != pools_.end() && it->second == *pool) pools_.erase(it);
+    generation_floor_ = std::max(generation_floor_, final_generation + 1);
   }
   std::fprintf(stderr, "kvbroker: deleted pool %s%s\n", name.c_str(),
                s.ok() ? "" : " (some pages could not be unmapped)");

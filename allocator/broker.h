@@ -12,6 +12,18 @@
 // It wakes on a Kick() (a pool kicks it when a call left it below
 // min_idle_pages with pages to map) or on its interval.
 //
+// Incarnations (SPEC 5): every CreatePool gives the pool a new `uid`, 128
+// random bits in hex, so a caller holding blocks of an earlier pool of the
+// same name (deleted and re-created, or from before a daemon restart) can be
+// told apart. Generations never repeat across incarnations of a name: a new
+// pool starts at max(realtime clock in nanoseconds, 1 + the last generation
+// of every pool this broker deleted). Within a process the second term
+// guarantees it; across restarts the first does, because a pool's
+// generation advances by one per state change, and no state change takes
+// less than a nanosecond, so an incarnation created at time t has a
+// generation at most the time now (a realtime clock stepped backwards
+// across a restart by more than the pools' lifetime is the one exception).
+//
 // Thread safety: thread-safe. The broker's lock guards only the pool map and
 // is never held while calling into a pool.
 
@@ -64,8 +76,13 @@ class Broker {
   Broker(const Broker&) = delete;
   Broker& operator=(const Broker&) = delete;
 
-  // Errors: those of PagePool::Create; POOL_ALREADY_EXISTS.
-  absl::StatusOr<std::shared_ptr<PagePool>> CreatePool(const PoolConfig& config)
+  // Errors: those of PagePool::Create; POOL_ALREADY_EXISTS. With
+  // `created`, fills it with the new pool's capacity as of its creation,
+  // taken before any other caller can see the pool: a DeletePool that wins
+  // the race to the reply cannot turn a successful creation into
+  // POOL_NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<PagePool>> CreatePool(
+      const PoolConfig& config, CapacitySnapshot* created = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: POOL_NOT_FOUND.
   absl::StatusOr<std::shared_ptr<PagePool>> GetPool(const std::string& name)
@@ -103,6 +120,9 @@ class Broker {
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<PagePool>> pools_ ABSL_GUARDED_BY(mu_);
+  // 1 + the highest final generation of a pool deleted so far: the least
+  // generation a new pool may start at.
+  uint64_t generation_floor_ ABSL_GUARDED_BY(mu_) = 1;
 
   absl::Mutex worker_mu_;
   bool stop_ ABSL_GUARDED_BY(worker_mu_) = false;

@@ -68,6 +68,7 @@ constexpr std::array<ReasonInfo, kMaxFailureReason + 1> kReasons = {{
      absl::StatusCode::kUnauthenticated},
     {FailureReason::kPermissionDenied, "PERMISSION_DENIED",
      absl::StatusCode::kPermissionDenied},
+    {FailureReason::kDraining, "DRAINING", absl::StatusCode::kUnavailable},
 }};
 
 const ReasonInfo& Info(FailureReason reason) {

@@ -48,9 +48,12 @@ enum class FailureReason : int {
   kPoolFailed = 18,
   kUnauthenticated = 19,
   kPermissionDenied = 20,
+  // UNAVAILABLE: the daemon is shutting down (SIGTERM); the call was not
+  // run. Retry elsewhere or after the restart.
+  kDraining = 21,
 };
 
-constexpr int kMaxFailureReason = 20;
+constexpr int kMaxFailureReason = 21;
 
 // "POOL_EXHAUSTED", ... as SPEC section 6 spells them.
 absl::string_view ReasonName(FailureReason reason);

@@ -63,6 +63,7 @@ const std::vector<ReasonRow>& SpecTable() {
        absl::StatusCode::kUnauthenticated},
       {FailureReason::kPermissionDenied, "PERMISSION_DENIED",
        absl::StatusCode::kPermissionDenied},
+      {FailureReason::kDraining, "DRAINING", absl::StatusCode::kUnavailable},
   };
   return *rows;
 }

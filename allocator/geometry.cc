@@ -35,8 +35,9 @@ std::string HumanBytes(int64_t bytes) {
 }  // namespace
 
 Bytes Geometry::SmallestValidPageSize(Bytes block_bytes, Bytes granularity) {
-  int64_t g = granularity.value();
-  return Bytes(CeilDiv(block_bytes.value(), g) * g);
+  const i128 g = granularity.value();
+  const i128 smallest = (block_bytes.value() + g - 1) / g * g;
+  return Bytes(smallest > INT64_MAX ? 0 : static_cast<int64_t>(smallest));
 }
 
 absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
@@ -100,6 +101,16 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
   const int64_t g = granularity.value();
   if (B > P) {
     Bytes smallest = SmallestValidPageSize(config.block_bytes, granularity);
+    if (smallest.value() == 0) {
+      return MakeFailure(
+          FailureReason::kInvalidGeometry,
+          absl::StrCat("block_bytes (", HumanBytes(B), ") exceeds page_size (",
+                       HumanBytes(P), ") and every valid page size"),
+          {{"block_bytes", Num(B)},
+           {"page_size_bytes", Num(P)},
+           {"granularity_bytes", Num(g)}},
+          {{"block_bytes", "no page size can hold one block"}});
+    }
     return MakeFailure(
         FailureReason::kInvalidGeometry,
         absl::StrCat("block_bytes (", HumanBytes(B), ") exceeds page_size (",
@@ -114,15 +125,15 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
           absl::StrCat("must be at least ", HumanBytes(smallest.value()))}});
   }
   if (P % g != 0) {
-    int64_t lower = P / g * g;
-    int64_t upper = lower + g;
+    const int64_t lower = P / g * g;
+    const bool has_upper = lower <= INT64_MAX - g;
     return MakeFailure(
         FailureReason::kInvalidGeometry,
         absl::StrCat("page_size (", HumanBytes(P),
                      ") is not a multiple of the backend granularity (",
                      HumanBytes(g), "); nearest valid sizes are ",
-                     lower > 0 ? HumanBytes(lower) + " and " : "",
-                     HumanBytes(upper)),
+                     lower > 0 && has_upper ? HumanBytes(lower) + " and " : "",
+                     has_upper ? HumanBytes(lower + g) : HumanBytes(lower)),
         {{"page_size_bytes", Num(P)},
          {"granularity_bytes", Num(g)},
          {"min_page_size_bytes",

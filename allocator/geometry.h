@@ -101,7 +101,8 @@ class Geometry {
   // Σ usable(p) over all pages.
   BlockCount total_usable() const { return BlockCount(total_usable_); }
 
-  // The least multiple of `granularity` that is >= `block_bytes`.
+  // The least multiple of `granularity` that is >= `block_bytes`; 0 when
+  // that multiple exceeds INT64_MAX (no page size can hold the block).
   static Bytes SmallestValidPageSize(Bytes block_bytes, Bytes granularity);
 
  private:

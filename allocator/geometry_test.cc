@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
 #include "allocator/units.h"
 #include "gtest/gtest.h"
@@ -229,6 +231,27 @@ TEST(GeometrySizesTest, HugeMaxBlocksDoesNotOverflow) {
           .status();
   EXPECT_EQ(GetReason(s), FailureReason::kInvalidArgument);
   EXPECT_EQ(ViolatedFields(s), (std::vector<std::string>{"max_blocks"}));
+}
+
+TEST(GeometrySizesTest, HugeBlockAndPageSizesDoNotOverflow) {
+  // The least multiple of 2 MiB >= INT64_MAX is 2^63: not an int64.
+  EXPECT_EQ(Geometry::SmallestValidPageSize(Bytes(INT64_MAX), kGranularity),
+            Bytes(0));
+  absl::Status s =
+      Geometry::Create(Config(MiB(2), Bytes(INT64_MAX), 1), kGranularity, 1)
+          .status();
+  EXPECT_EQ(GetReason(s), FailureReason::kInvalidGeometry);
+  EXPECT_TRUE(absl::StrContains(s.message(), "every valid page size"))
+      << s.message();
+  EXPECT_EQ(GetFailure(s)->metadata.count("min_page_size_bytes"), 0u);
+
+  // INT64_MAX is not a multiple of 2 MiB, and no multiple lies above it.
+  s = Geometry::Create(Config(Bytes(INT64_MAX), MiB(2), 1), kGranularity, 1)
+          .status();
+  EXPECT_EQ(GetReason(s), FailureReason::kInvalidGeometry);
+  EXPECT_FALSE(absl::StrContains(s.message(), "-")) << s.message();
+  EXPECT_EQ(GetFailure(s)->metadata.at("min_page_size_bytes"),
+            absl::StrCat(2 * kMiB));
 }
 
 TEST(GeometrySizesTest, BookkeepingIsBounded) {

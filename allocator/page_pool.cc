@@ -35,7 +35,10 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       mapper_(&geometry_, backend),
       ledger_(&geometry_),
       reservations_(options_.expired_reservations_remembered),
-      remembered_(options_.idempotency_window, options_.idempotency_capacity) {}
+      remembered_(options_.idempotency_window, options_.idempotency_capacity) {
+  absl::MutexLock lock(&mu_);
+  generation_ = options_.initial_generation;
+}
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
     const PoolConfig& config, Backend* backend, DeviceBudgets* budgets,
@@ -223,6 +226,7 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
     if (shut_down_) return CheckUsableLocked();
     ExpireLocked(&log);
     c.pool = name();
+    c.pool_uid = options_.uid;
     c.generation = generation_;
     c.healthy = !failed_;
     c.failure = failure_;

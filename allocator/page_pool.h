@@ -95,6 +95,8 @@ class PagePool {
   PagePool& operator=(const PagePool&) = delete;
 
   const std::string& name() const { return geometry_.config().name; }
+  // PoolOptions::uid: this incarnation of the name.
+  const std::string& uid() const { return options_.uid; }
   const Geometry& geometry() const { return geometry_; }
   // Base address of the pool's range on `device` (an ordinal of the pool).
   uint64_t range_base(int device_index) const {

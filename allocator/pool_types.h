@@ -53,6 +53,7 @@ struct CapacityQuery {
 
 struct CapacitySnapshot {
   std::string pool;
+  std::string pool_uid;  // PoolOptions::uid
   uint64_t generation = 0;
   BlockCount available_blocks;
   int64_t available_tokens = 0;
@@ -161,6 +162,12 @@ struct PoolOptions {
   int64_t expired_reservations_remembered = 65536;
   // Called (without any pool lock held) after the pool's generation changed.
   std::function<void(const std::string& pool)> on_change;
+  // The generation the pool starts at (the broker makes it exceed every
+  // generation an earlier incarnation of the name could have reached).
+  uint64_t initial_generation = 1;
+  // Names this incarnation of the pool (pool_uid); reported in every
+  // capacity snapshot. Empty: none.
+  std::string uid;
   // Called (without any pool lock held) after a call left the pool below
   // min_idle_pages with pages it could map: wake the prealloc worker.
   std::function<void()> on_prealloc_needed;

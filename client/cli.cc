@@ -102,6 +102,11 @@ ABSL_FLAG(std::string, request_id, "",
           "reused across retries).");
 ABSL_FLAG(std::string, reservation, "",
           "alloc: take blocks from this reservation first.");
+ABSL_FLAG(std::string, pool_uid, "",
+          "alloc, free, release: refuse (POOL_NOT_FOUND) unless the pool is "
+          "this incarnation (the pool_uid shown by alloc, reserve and "
+          "capacity), so blocks of a pool deleted and created again under "
+          "the same name are never touched.");
 ABSL_FLAG(int64_t, expected_generation, -1,
           "alloc: refuse (GENERATION_MISMATCH) unless the pool is at this "
           "generation (-1: don't check).");
@@ -194,6 +199,7 @@ void PrintPageList(const v1::CapacitySnapshot& c) {
 void PrintCapacity(const v1::CapacitySnapshot& c) {
   std::cout << "pool " << c.pool() << "  generation " << c.generation() << "  "
             << HealthText(c) << "\n";
+  if (!c.pool_uid().empty()) std::cout << "  uid      " << c.pool_uid() << "\n";
   std::cout << "  blocks   available " << c.available_blocks() << " ("
             << c.available_tokens() << " tokens)  allocated "
             << c.allocated_blocks() << "  reserved " << c.reserved_blocks()
@@ -382,6 +388,7 @@ int CmdAlloc(Context& ctx) {
   if (absl::GetFlag(FLAGS_expected_generation) >= 0) {
     options.expected_generation = absl::GetFlag(FLAGS_expected_generation);
   }
+  options.pool_uid = absl::GetFlag(FLAGS_pool_uid);
   absl::StatusOr<v1::AllocResponse> r =
       ctx.client->Alloc(ctx.args[0], *n, options);
   if (!r.ok()) return Fail(r.status(), ctx.json);
@@ -392,6 +399,7 @@ int CmdAlloc(Context& ctx) {
   std::cout << "allocated " << r->num_blocks() << " blocks from " << ctx.args[0]
             << " (" << r->pages_mapped() << " pages mapped, generation "
             << r->generation() << (r->replayed() ? ", replayed" : "") << ")\n";
+  std::cout << "pool_uid: " << r->pool_uid() << "\n";
   PrintBlocks(r->pages(), BlockIds(*r));
   return kExitOk;
 }
@@ -408,6 +416,7 @@ int CmdFree(Context& ctx) {
   }
   FreeOptions options;
   options.request_id = absl::GetFlag(FLAGS_request_id);
+  options.pool_uid = absl::GetFlag(FLAGS_pool_uid);
   absl::StatusOr<v1::FreeResponse> r =
       ctx.client->Free(ctx.args[0], ids, options);
   if (!r.ok()) return Fail(r.status(), ctx.json);
@@ -442,13 +451,16 @@ int CmdReserve(Context& ctx) {
                                 absl::LocalTimeZone())
             << " (generation " << r->generation()
             << (r->replayed() ? ", replayed" : "") << ")\n";
+  std::cout << "pool_uid: " << r->pool_uid() << "\n";
   PrintBlocks(r->pages(), BlockIds(*r));
   return kExitOk;
 }
 
 int CmdRelease(Context& ctx) {
+  ReleaseOptions options;
+  options.pool_uid = absl::GetFlag(FLAGS_pool_uid);
   absl::StatusOr<v1::ReleaseReservationResponse> r =
-      ctx.client->ReleaseReservation(ctx.args[0], ctx.args[1]);
+      ctx.client->ReleaseReservation(ctx.args[0], ctx.args[1], options);
   if (!r.ok()) return Fail(r.status(), ctx.json);
   if (ctx.json) {
     PrintJson(*r);
@@ -611,14 +623,14 @@ const std::vector<Command>& Commands() {
        "allocate N blocks, all or nothing",
        2,
        2,
-       {"request_id", "reservation", "expected_generation"},
+       {"request_id", "reservation", "expected_generation", "pool_uid"},
        CmdAlloc},
       {"free",
        "POOL ID...",
        "free blocks (ids separated by spaces or commas)",
        2,
        -1,
-       {"request_id"},
+       {"request_id", "pool_uid"},
        CmdFree},
       {"reserve",
        "POOL N",
@@ -632,7 +644,7 @@ const std::vector<Command>& Commands() {
        "return a reservation's blocks",
        2,
        2,
-       {},
+       {"pool_uid"},
        CmdRelease},
       {"limit",
        "POOL BYTES",

@@ -223,6 +223,39 @@ TEST_F(CliTest, HealthIsServingAndNamesUnknownServices) {
   EXPECT_TRUE(absl::StrContains(r.err, "NOT_FOUND")) << r.err;
 }
 
+TEST_F(CliTest, PoolUidGuardsAgainstAReCreatedPool) {
+  const std::vector<std::string> create = {
+      "create-pool", "u", "--page_size=2MiB", "--block_bytes=512KiB",
+      "--max_blocks=8"};
+  ASSERT_EQ(Ctl(create).rc, 0);
+  Result r = Ctl({"--json", "alloc", "u", "2"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string old_uid = FromJson<v1::AllocResponse>(r.out).pool_uid();
+  ASSERT_EQ(old_uid.size(), 32u) << r.out;
+  ASSERT_EQ(Ctl({"delete-pool", "u", "--force"}).rc, 0);
+  ASSERT_EQ(Ctl(create).rc, 0);
+  r = Ctl({"alloc", "u", "2"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "blocks: 0 1\n")) << r.out;
+  const size_t at = r.out.find("pool_uid: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string uid = r.out.substr(at + 10, 32);
+  EXPECT_NE(uid, old_uid);
+
+  // The old holder's free is refused; the new holder's blocks stay.
+  r = Ctl({"free", "u", "0", "1", "--pool_uid=" + old_uid});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "POOL_NOT_FOUND")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "expected_pool_uid: " + old_uid))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "current_pool_uid: " + uid)) << r.err;
+  r = Ctl({"capacity", "u"});
+  EXPECT_TRUE(absl::StrContains(r.out, "uid      " + uid)) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "allocated 2")) << r.out;
+  r = Ctl({"free", "u", "0", "1", "--pool_uid=" + uid});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 TEST_F(CliTest, JsonRepliesParseBackIntoTheMessages) {
   ASSERT_EQ(Ctl({"create-pool", "j", "--page-size", "2MiB", "--block-bytes",
                  "1MiB", "--max-blocks", "8"})

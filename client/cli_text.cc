@@ -25,7 +25,8 @@ ExitCode ExitCodeFor(const absl::Status& status) {
     case v1::GENERATION_MISMATCH:
     case v1::REQUEST_ID_REUSED:
     case v1::POOL_FAILED: return kExitPrecondition;
-    case v1::MAPPING_FAILED: return kExitUnavailable;
+    case v1::MAPPING_FAILED:
+    case v1::DRAINING: return kExitUnavailable;
     case v1::INVALID_ARGUMENT:
     case v1::INVALID_GEOMETRY: return kExitInvalid;
     case v1::UNAUTHENTICATED:

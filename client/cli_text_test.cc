@@ -50,6 +50,7 @@ TEST(ExitCodeTest, EveryReasonHasItsClass) {
       {v1::POOL_FAILED, C::FAILED_PRECONDITION, kExitPrecondition},
       {v1::UNAUTHENTICATED, C::UNAUTHENTICATED, kExitAuth},
       {v1::PERMISSION_DENIED, C::PERMISSION_DENIED, kExitAuth},
+      {v1::DRAINING, C::UNAVAILABLE, kExitUnavailable},
   };
   // Every reason of the proto is in the table.
   EXPECT_EQ(std::size(rows), static_cast<size_t>(v1::Reason_MAX));

@@ -37,7 +37,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 bool IsRetryableFailure(const absl::Status& status) {
   if (status.code() != absl::StatusCode::kUnavailable) return false;
   const v1::Reason reason = GetKvbReason(status);
-  return reason == v1::REASON_UNSPECIFIED || reason == v1::MAPPING_FAILED;
+  return reason == v1::REASON_UNSPECIFIED || reason == v1::MAPPING_FAILED ||
+         reason == v1::DRAINING;  // not run: safe to send again
 }
 
 // The wait before attempt `attempt + 1` (attempt >= 1 has just failed).
@@ -307,6 +308,7 @@ absl::StatusOr<v1::AllocResponse> KvBrokerClient::Alloc(
   if (options.expected_generation.has_value()) {
     request.set_expected_generation(*options.expected_generation);
   }
+  request.set_pool_uid(options.pool_uid);
   return Call<v1::AllocResponse>(
       call, Idempotency::kRetryable,
       [&](grpc::ClientContext* ctx, v1::AllocResponse* resp) {
@@ -322,6 +324,7 @@ absl::StatusOr<v1::FreeResponse> KvBrokerClient::Free(
   request.mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
   request.set_request_id(options.request_id.empty() ? NewRequestId()
                                                     : options.request_id);
+  request.set_pool_uid(options.pool_uid);
   return Call<v1::FreeResponse>(
       call, Idempotency::kRetryable,
       [&](grpc::ClientContext* ctx, v1::FreeResponse* resp) {
@@ -353,9 +356,18 @@ absl::StatusOr<v1::ReleaseReservationResponse>
 KvBrokerClient::ReleaseReservation(absl::string_view pool,
                                    absl::string_view reservation_id,
                                    const CallOptions& call) {
+  return ReleaseReservation(pool, reservation_id, ReleaseOptions(), call);
+}
+
+absl::StatusOr<v1::ReleaseReservationResponse>
+KvBrokerClient::ReleaseReservation(absl::string_view pool,
+                                   absl::string_view reservation_id,
+                                   const ReleaseOptions& options,
+                                   const CallOptions& call) {
   v1::ReleaseReservationRequest request;
   request.set_pool(std::string(pool));
   request.set_reservation_id(std::string(reservation_id));
+  request.set_pool_uid(options.pool_uid);
   return Call<v1::ReleaseReservationResponse>(
       call, Idempotency::kNone,
       [&](grpc::ClientContext* ctx, v1::ReleaseReservationResponse* resp) {

@@ -157,6 +157,9 @@ struct AllocOptions {
   std::string reservation_id;
   // Refuse with GENERATION_MISMATCH unless the pool is at this generation.
   std::optional<uint64_t> expected_generation;
+  // Refuse with POOL_NOT_FOUND unless the pool is this incarnation (e.g. the
+  // one the reservation came from). Empty: not checked.
+  std::string pool_uid;
 };
 
 struct ReserveOptions {
@@ -169,6 +172,16 @@ struct ReserveOptions {
 struct FreeOptions {
   // Idempotency key. Empty: a random one, reused across retries.
   std::string request_id;
+  // The incarnation the blocks came from (AllocResponse::pool_uid): if the
+  // pool was deleted and created again since, POOL_NOT_FOUND and nothing is
+  // freed. Empty: not checked.
+  std::string pool_uid;
+};
+
+struct ReleaseOptions {
+  // The incarnation the reservation came from (ReserveResponse::pool_uid).
+  // Empty: not checked.
+  std::string pool_uid;
 };
 
 // Every block id of an Alloc or Reserve reply, in reply order (ascending
@@ -274,6 +287,11 @@ class KvBrokerClient {
   absl::StatusOr<v1::ReleaseReservationResponse> ReleaseReservation(
       absl::string_view pool, absl::string_view reservation_id,
       const CallOptions& call = {});
+  // The same, refused (POOL_NOT_FOUND) unless the pool is still the
+  // incarnation of `options.pool_uid`.
+  absl::StatusOr<v1::ReleaseReservationResponse> ReleaseReservation(
+      absl::string_view pool, absl::string_view reservation_id,
+      const ReleaseOptions& options, const CallOptions& call = {});
 
   // SPEC 7. STALE and CONFLICT are outcomes in the reply, not errors.
   // Reasons: INVALID_ARGUMENT, POOL_NOT_FOUND, POOL_FAILED.

@@ -5,8 +5,6 @@
 #include <grpcpp/ext/channelz_service_plugin.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -19,16 +17,19 @@
 #include "server/log.h"
 #include "server/proto_convert.h"
 #include "server/reflection_v1.h"
+#include "server/unix_socket.h"
 
 namespace kvbroker {
 namespace {
 
 // Plugins that every ServerBuilder of the process picks up. gRPC's Init*
-// functions guard against double registration themselves.
-void RegisterGlobalPlugins() {
+// functions guard against double registration themselves. Channelz shows
+// every client's address, so it is registered only when asked for (and,
+// being process-wide, stays registered for later servers of the process).
+void RegisterGlobalPlugins(bool channelz) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::channelz::experimental::InitChannelzService();
+  if (channelz) grpc::channelz::experimental::InitChannelzService();
 }
 
 std::string WithPort(const std::string& listen, int port) {
@@ -95,8 +96,10 @@ absl::Status Daemon::Start() {
   if (server_ != nullptr) {
     return absl::FailedPreconditionError("the daemon is already serving");
   }
-  RegisterGlobalPlugins();
+  RegisterGlobalPlugins(options_.channelz);
   grpc::ServerBuilder builder;
+  if (!options_.channelz)
+    builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
   // A second daemon on the same port must fail, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (!options_.listen.empty()) {
@@ -107,7 +110,10 @@ absl::Status Daemon::Start() {
                              &tcp_port_);
   }
   if (!options_.unix_socket.empty()) {
-    builder.AddListeningPort(unix_address(), grpc::InsecureServerCredentials());
+    KVB_RETURN_IF_ERROR(CheckUnixSocketPath(options_.unix_socket));
+    builder.AddListeningPort(
+        absl::StrCat("unix:", StagingPath(options_.unix_socket)),
+        grpc::InsecureServerCredentials());
   }
   builder.RegisterService(service_.get());
   for (grpc::Service* extra : options_.extra_services) {
@@ -122,6 +128,16 @@ absl::Status Daemon::Start() {
         !options_.listen.empty() && !options_.unix_socket.empty() ? " and "
                                                                   : "",
         options_.unix_socket.empty() ? "" : unix_address()));
+  }
+  if (!options_.unix_socket.empty()) {
+    absl::StatusOr<UnixSocketFile> file = UnixSocketFile::Publish(
+        StagingPath(options_.unix_socket), options_.unix_socket);
+    if (!file.ok()) {
+      server_->Shutdown();
+      server_.reset();
+      return file.status();
+    }
+    unix_file_ = *std::move(file);
   }
   RefreshHealth();
   health_thread_ = std::thread([this] { HealthLoop(); });
@@ -139,7 +155,13 @@ void Daemon::RefreshHealth() {
   if (server_ == nullptr) return;
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health == nullptr) return;
-  const bool healthy = broker_->healthy();  // takes pool locks: not under mu_
+  bool draining;
+  {
+    absl::MutexLock lock(&mu_);
+    draining = draining_;
+  }
+  // Takes pool locks (not under mu_); not needed once draining.
+  const bool healthy = draining || broker_->healthy();
   absl::MutexLock lock(&mu_);
   const bool serving = !draining_ && healthy;
   if (serving_ == serving) return;
@@ -160,22 +182,26 @@ void Daemon::Drain() {
     absl::MutexLock lock(&mu_);
     draining_ = true;
   }
-  stop_health_.Notify();
-  if (health_thread_.joinable()) health_thread_.join();
+  // New calls get DRAINING from here on; those already running finish
+  // before the server shuts down (its shutdown would cancel them). Nothing
+  // here waits for a pool lock: a call may hold one while it maps.
+  service_->BeginDrain();
   RefreshHealth();
   feed_->Close();
-  const auto deadline = std::chrono::system_clock::now() +
-                        std::chrono::microseconds(
-                            absl::ToInt64Microseconds(options_.drain_timeout));
+  stop_health_.Notify();
   const absl::Time start = absl::Now();
-  server_->Shutdown(deadline);
+  const absl::Time drain_deadline = start + options_.drain_timeout;
+  if (const int64_t left = service_->AwaitCallsDone(drain_deadline); left > 0) {
+    LogLine("%d call(s) still running after %s; cancelling them", left,
+            absl::FormatDuration(options_.drain_timeout));
+  }
+  if (health_thread_.joinable()) health_thread_.join();
+  server_->Shutdown(absl::ToChronoTime(drain_deadline));
   server_->Wait();
   LogLine("server stopped after %s", absl::FormatDuration(absl::Now() - start));
-  if (!options_.unix_socket.empty()) {
-    struct stat st;
-    if (stat(options_.unix_socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
-      unlink(options_.unix_socket.c_str());
-    }
+  if (unix_file_.has_value() && !unix_file_->Remove()) {
+    LogLine("%s is no longer the socket this daemon bound; left in place",
+            unix_file_->path());
   }
   broker_->StopWorker();
 }

@@ -11,7 +11,8 @@
 //     `health_interval`); a pool that FAILED alone leaves health SERVING;
 //   - server reflection, v1alpha (gRPC's plugin) and v1 (reflection_v1.h),
 //     both resolving google.rpc.ErrorInfo and the other error details;
-//   - channelz (grpc.channelz.v1.Channelz).
+//   - channelz (grpc.channelz.v1.Channelz), only with options.channelz: it
+//     shows every client's address to anyone who can connect.
 //
 // Lifecycle:
 //   auto d = Daemon::Create(&backend, broker_options, options);
@@ -48,6 +49,7 @@
 #include "server/access.h"
 #include "server/change_feed.h"
 #include "server/kvbroker_service.h"
+#include "server/unix_socket.h"
 
 namespace kvbroker {
 
@@ -66,6 +68,8 @@ struct DaemonOptions {
   // Bearer tokens scoped to pools (access.h), on both listeners; null:
   // every call is admitted.
   std::shared_ptr<const AccessPolicy> access;
+  // Serve channelz (and keep its per-call statistics). Off by default.
+  bool channelz = false;
   // More services served beside KvBroker by the same server (benchmarks
   // register their baseline ping here). Not owned; must outlive the daemon.
   std::vector<grpc::Service*> extra_services;
@@ -98,13 +102,19 @@ class Daemon {
   // whose message names the entry. Pools created before it stay.
   absl::Status CreatePools(const v1::PoolsFile& pools);
 
-  // Binds the listeners and starts serving. Errors: UNAVAILABLE when a
-  // listener cannot be bound; FAILED_PRECONDITION when called twice.
+  // Binds the listeners and starts serving. A Unix socket path that another
+  // process serves is never taken over, and only a stale socket file is
+  // replaced (unix_socket.h). Errors: UNAVAILABLE when a listener cannot be
+  // bound; FAILED_PRECONDITION when called twice, when a process serves the
+  // Unix socket path (the message names it) or when something other than a
+  // socket lies there.
   absl::Status Start();
 
   // SIGTERM behaviour: health NOT_SERVING, WatchCapacity streams end (OK),
-  // new calls are refused, in-flight calls get `drain_timeout` to finish and
-  // are then cancelled. Returns when the server has stopped. Idempotent.
+  // every new call is refused with DRAINING (UNAVAILABLE with RetryInfo,
+  // never run), calls already running get `drain_timeout` to finish, then
+  // the server shuts down (cancelling what still runs, which a bounded
+  // Alloc never does). Returns when the server has stopped. Idempotent.
   void Drain() ABSL_LOCKS_EXCLUDED(drain_mu_, mu_);
 
   Broker* broker() { return broker_.get(); }
@@ -131,6 +141,9 @@ class Daemon {
   std::unique_ptr<KvBrokerService> service_;
   std::unique_ptr<grpc::Server> server_;
   int tcp_port_ = 0;
+  // The socket file this daemon bound; Drain unlinks it only if the path
+  // still names it.
+  std::optional<UnixSocketFile> unix_file_;
   std::thread health_thread_;
   absl::Notification stop_health_;
 

@@ -3,6 +3,8 @@
 
 #include "server/kvbroker_service.h"
 
+#include <grpc/grpc_security_constants.h>
+
 #include <chrono>
 #include <optional>
 #include <string>
@@ -14,20 +16,34 @@
 #include "absl/strings/str_format.h"
 #include "allocator/failure.h"
 #include "server/capacity_watch.h"
+#include "server/drain_gate.h"
 #include "server/log.h"
 #include "server/proto_convert.h"
+#include "server/request_bounds.h"
 #include "server/status_convert.h"
 
 namespace kvbroker {
 namespace {
 
+// One line per failed call, with the caller's pool name and the message
+// escaped and cut (log.h), at most 20 per second per method and reason.
 void LogFailure(absl::string_view method, absl::string_view pool,
                 const absl::Status& status) {
   const FailureReason reason = GetReason(status);
-  LogLine(
-      "%s pool=%s failed: %s (%s) %s", method, pool,
-      reason == FailureReason::kUnspecified ? "UNTYPED" : ReasonName(reason),
-      absl::StatusCodeToString(status.code()), status.message());
+  const absl::string_view reason_name =
+      reason == FailureReason::kUnspecified ? "UNTYPED" : ReasonName(reason);
+  int64_t suppressed = 0;
+  if (!FailureLogLimiter().Admit(absl::StrCat(method, " ", reason_name),
+                                 absl::Now(), &suppressed)) {
+    return;
+  }
+  LogLine("%s pool=\"%s\" failed: %s (%s) %s%s", method, CallerText(pool),
+          reason_name, absl::StatusCodeToString(status.code()),
+          CallerText(status.message()),
+          suppressed == 0
+              ? ""
+              : absl::StrCat(" (", suppressed,
+                             " similar lines suppressed before this one)"));
 }
 
 // The refusal of a call that is already cancelled or past its deadline.
@@ -40,15 +56,23 @@ std::optional<grpc::Status> Expired(grpc::CallbackServerContext* ctx) {
   return std::nullopt;
 }
 
-// Finishes a unary call: refuses it when `admission` failed (see
-// KvBrokerService::Admit) or it has expired; otherwise runs `body` (which
-// fills the response) and finishes with its converted status.
+// Finishes a unary call: refuses it when the daemon is draining (`gate`
+// closed: DRAINING), when `admission` failed (see KvBrokerService::Admit) or
+// when it has expired; otherwise runs `body` (which fills the response) and
+// finishes with its converted status, counted by `gate` until then.
 template <typename Body>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
-                                absl::string_view method,
+                                DrainGate& gate, absl::string_view method,
                                 absl::string_view pool,
                                 const absl::Status& admission, Body&& body) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status draining;
+  const DrainGate::Pass pass = gate.Enter(&draining);
+  if (!pass.admitted()) {
+    LogFailure(method, pool, draining);
+    reactor->Finish(ToGrpcStatus(draining));
+    return reactor;
+  }
   if (!admission.ok()) {
     LogFailure(method, pool, admission);
     reactor->Finish(ToGrpcStatus(admission));
@@ -62,6 +86,19 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
   if (!status.ok()) LogFailure(method, pool, status);
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+// OK unless the caller named another incarnation of the pool than `pool`
+// (SPEC 5): then POOL_NOT_FOUND with both uids, and nothing changes.
+absl::Status SameIncarnation(const PagePool& pool, const std::string& uid) {
+  if (uid.empty() || uid == pool.uid()) return absl::OkStatus();
+  return MakeFailure(
+      FailureReason::kPoolNotFound,
+      absl::StrCat("pool ", pool.name(), " is incarnation ", pool.uid(),
+                   ", not ", uid, "; it was deleted and created again since"),
+      {{"pool", pool.name()},
+       {"expected_pool_uid", uid},
+       {"current_pool_uid", pool.uid()}});
 }
 
 // `result`'s value converted into `response`, or its failure.
@@ -104,31 +141,48 @@ absl::Status KvBrokerService::CheckPageList(int64_t max_pages) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const AccessPolicy::Grant*> KvBrokerService::Authenticate(
+absl::StatusOr<AccessPolicy::Caller> KvBrokerService::Authenticate(
     grpc::CallbackServerContext* ctx) const {
-  if (access_ == nullptr) return nullptr;
-  const auto& metadata = ctx->client_metadata();
-  auto it = metadata.find("authorization");
-  return access_->Authenticate(
-      it == metadata.end()
-          ? absl::string_view()
-          : absl::string_view(it->second.data(), it->second.size()));
+  if (access_ == nullptr) return AccessPolicy::Caller();
+  std::vector<absl::string_view> headers;
+  const auto range = ctx->client_metadata().equal_range("authorization");
+  for (auto it = range.first; it != range.second; ++it) {
+    headers.emplace_back(it->second.data(), it->second.size());
+  }
+  // A call over TLS (the TCP listener with certificates): its client
+  // certificate's subject alternative names.
+  std::vector<std::string> sans;
+  bool tls = false;
+  if (const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+      auth != nullptr) {
+    for (const grpc::string_ref& v :
+         auth->FindPropertyValues(GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME)) {
+      tls |= v == GRPC_SSL_TRANSPORT_SECURITY_TYPE;
+    }
+    for (const grpc::string_ref& v :
+         auth->FindPropertyValues(GRPC_X509_SAN_PROPERTY_NAME)) {
+      sans.emplace_back(v.data(), v.size());
+    }
+  }
+  return access_->Identify(headers, tls ? &sans : nullptr);
 }
 
 absl::Status KvBrokerService::Admit(grpc::CallbackServerContext* ctx,
                                     absl::string_view method,
                                     absl::string_view pool) const {
   if (access_ == nullptr) return absl::OkStatus();
-  absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
-  if (!grant.ok()) return grant.status();
-  return AccessPolicy::Authorize(**grant, pool, method);
+  absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return caller.status();
+  return AccessPolicy::Authorize(*caller, pool, method);
 }
 
 template <typename Body>
 grpc::ServerUnaryReactor* KvBrokerService::OnPool(
     grpc::CallbackServerContext* ctx, absl::string_view method,
-    const std::string& pool, Body&& body) {
-  return Unary(ctx, method, pool, Admit(ctx, method, pool), [&] {
+    const std::string& pool, const absl::Status& bounds, Body&& body) {
+  const absl::Status admission =
+      bounds.ok() ? Admit(ctx, method, pool) : bounds;
+  return Unary(ctx, gate_, method, pool, admission, [&] {
     absl::StatusOr<std::shared_ptr<PagePool>> found = broker_->GetPool(pool);
     if (!found.ok()) return found.status();
     return body(**found);
@@ -138,42 +192,43 @@ grpc::ServerUnaryReactor* KvBrokerService::OnPool(
 grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
     grpc::CallbackServerContext* ctx, const v1::CreatePoolRequest* request,
     v1::CreatePoolResponse* response) {
-  absl::Status admission;
-  if (absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
-      !grant.ok()) {
-    admission = grant.status();
-  } else if (*grant != nullptr) {
-    admission = AccessPolicy::AuthorizeCreate(**grant, request->pool().name());
+  absl::Status admission = CheckBounds(*request);
+  if (admission.ok()) {
+    absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
+    admission = caller.ok() ? AccessPolicy::AuthorizeCreate(
+                                  *caller, request->pool().name())
+                            : caller.status();
   }
-  return Unary(ctx, "CreatePool", request->pool().name(), admission, [&] {
-    absl::StatusOr<std::shared_ptr<PagePool>> pool =
-        broker_->CreatePool(FromProto(request->pool()));
-    if (!pool.ok()) return pool.status();
-    absl::StatusOr<CapacitySnapshot> capacity = (*pool)->Capacity();
-    if (!capacity.ok()) return capacity.status();
-    ToProto((*pool)->geometry(), *capacity, response->mutable_pool());
-    return absl::OkStatus();
-  });
+  return Unary(
+      ctx, gate_, "CreatePool", request->pool().name(), admission, [&] {
+        CapacitySnapshot capacity;
+        absl::StatusOr<std::shared_ptr<PagePool>> pool =
+            broker_->CreatePool(FromProto(request->pool()), &capacity);
+        if (!pool.ok()) return pool.status();
+        ToProto((*pool)->geometry(), capacity, response->mutable_pool());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::GetPool(
     grpc::CallbackServerContext* ctx, const v1::GetPoolRequest* request,
     v1::GetPoolResponse* response) {
-  return OnPool(ctx, "GetPool", request->pool(), [&](PagePool& pool) {
-    absl::StatusOr<CapacitySnapshot> capacity = pool.Capacity();
-    if (!capacity.ok()) return capacity.status();
-    ToProto(pool.geometry(), *capacity, response->mutable_pool());
-    return absl::OkStatus();
-  });
+  return OnPool(ctx, "GetPool", request->pool(), CheckBounds(*request),
+                [&](PagePool& pool) {
+                  absl::StatusOr<CapacitySnapshot> capacity = pool.Capacity();
+                  if (!capacity.ok()) return capacity.status();
+                  ToProto(pool.geometry(), *capacity, response->mutable_pool());
+                  return absl::OkStatus();
+                });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::ListPools(
     grpc::CallbackServerContext* ctx, const v1::ListPoolsRequest* /*request*/,
     v1::ListPoolsResponse* response) {
-  absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
-  return Unary(ctx, "ListPools", "", grant.status(), [&] {
+  absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
+  return Unary(ctx, gate_, "ListPools", "", caller.status(), [&] {
     for (const std::shared_ptr<PagePool>& pool : broker_->ListPools()) {
-      if (*grant != nullptr && !(*grant)->Allows(pool->name())) continue;
+      if (!caller->Allows(pool->name())) continue;
       absl::StatusOr<CapacitySnapshot> capacity = pool->Capacity();
       if (!capacity.ok()) continue;  // deleted meanwhile
       ToProto(pool->geometry(), *capacity, response->add_pools());
@@ -185,45 +240,63 @@ grpc::ServerUnaryReactor* KvBrokerService::ListPools(
 grpc::ServerUnaryReactor* KvBrokerService::DeletePool(
     grpc::CallbackServerContext* ctx, const v1::DeletePoolRequest* request,
     v1::DeletePoolResponse* /*response*/) {
-  return Unary(ctx, "DeletePool", request->pool(),
-               Admit(ctx, "DeletePool", request->pool()), [&] {
-                 return broker_->DeletePool(request->pool(), request->force());
-               });
+  absl::Status admission = CheckBounds(*request);
+  if (admission.ok()) admission = Admit(ctx, "DeletePool", request->pool());
+  return Unary(ctx, gate_, "DeletePool", request->pool(), admission, [&] {
+    return broker_->DeletePool(request->pool(), request->force());
+  });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Capacity(
     grpc::CallbackServerContext* ctx, const v1::CapacityRequest* request,
     v1::CapacityResponse* response) {
-  return OnPool(ctx, "Capacity", request->pool(), [&](PagePool& pool) {
-    KVB_RETURN_IF_ERROR(CheckPageList(request->max_pages()));
-    absl::StatusOr<CapacitySnapshot> capacity =
-        pool.Capacity(CapacityQuery{request->max_pages()});
-    return Reply(std::move(capacity), response->mutable_capacity());
-  });
+  return OnPool(ctx, "Capacity", request->pool(), CheckBounds(*request),
+                [&](PagePool& pool) {
+                  KVB_RETURN_IF_ERROR(CheckPageList(request->max_pages()));
+                  absl::StatusOr<CapacitySnapshot> capacity =
+                      pool.Capacity(CapacityQuery{request->max_pages()});
+                  return Reply(std::move(capacity),
+                               response->mutable_capacity());
+                });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Alloc(
     grpc::CallbackServerContext* ctx, const v1::AllocRequest* request,
     v1::AllocResponse* response) {
-  return OnPool(ctx, "Alloc", request->pool(), [&](PagePool& pool) {
-    return Reply(pool.Alloc(FromProto(*request)), response);
-  });
+  return OnPool(
+      ctx, "Alloc", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
+        KVB_RETURN_IF_ERROR(
+            CheckReplyFits(request->num_blocks(), pool.geometry()));
+        KVB_RETURN_IF_ERROR(Reply(pool.Alloc(FromProto(*request)), response));
+        response->set_pool_uid(pool.uid());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Free(
     grpc::CallbackServerContext* ctx, const v1::FreeRequest* request,
     v1::FreeResponse* response) {
-  return OnPool(ctx, "Free", request->pool(), [&](PagePool& pool) {
-    return Reply(pool.Free(FromProto(*request)), response);
-  });
+  return OnPool(
+      ctx, "Free", request->pool(), CheckBounds(*request), [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
+        return Reply(pool.Free(FromProto(*request)), response);
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Reserve(
     grpc::CallbackServerContext* ctx, const v1::ReserveRequest* request,
     v1::ReserveResponse* response) {
-  return OnPool(ctx, "Reserve", request->pool(), [&](PagePool& pool) {
-    return Reply(pool.Reserve(FromProto(*request)), response);
-  });
+  return OnPool(
+      ctx, "Reserve", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(
+            CheckReplyFits(request->num_blocks(), pool.geometry()));
+        KVB_RETURN_IF_ERROR(Reply(pool.Reserve(FromProto(*request)), response));
+        response->set_pool_uid(pool.uid());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::ReleaseReservation(
@@ -231,7 +304,9 @@ grpc::ServerUnaryReactor* KvBrokerService::ReleaseReservation(
     const v1::ReleaseReservationRequest* request,
     v1::ReleaseReservationResponse* response) {
   return OnPool(
-      ctx, "ReleaseReservation", request->pool(), [&](PagePool& pool) {
+      ctx, "ReleaseReservation", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
         return Reply(pool.ReleaseReservation(request->reservation_id()),
                      response);
       });
@@ -240,61 +315,70 @@ grpc::ServerUnaryReactor* KvBrokerService::ReleaseReservation(
 grpc::ServerUnaryReactor* KvBrokerService::SetMemoryLimit(
     grpc::CallbackServerContext* ctx, const v1::SetMemoryLimitRequest* request,
     v1::SetMemoryLimitResponse* response) {
-  return OnPool(ctx, "SetMemoryLimit", request->pool(), [&](PagePool& pool) {
-    absl::StatusOr<LimitResult> result =
-        pool.SetMemoryLimit(Bytes(request->limit_bytes()), request->revision());
-    if (!result.ok()) return result.status();
-    ToProto(*result, response);
-    LogLine(
-        "SetMemoryLimit pool=%s limit_bytes=%d revision=%d: %s "
-        "(target %d pages, effective %d bytes, mapped %d bytes, overage %d "
-        "bytes)",
-        request->pool(), request->limit_bytes(), request->revision(),
-        LimitOutcomeName(result->outcome), result->limit.target_pages.value(),
-        result->limit.effective_bytes.value(), result->mapped_bytes.value(),
-        result->limit.overage_bytes.value());
-    return absl::OkStatus();
-  });
+  return OnPool(
+      ctx, "SetMemoryLimit", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        absl::StatusOr<LimitResult> result = pool.SetMemoryLimit(
+            Bytes(request->limit_bytes()), request->revision());
+        if (!result.ok()) return result.status();
+        ToProto(*result, response);
+        LogLine(
+            "SetMemoryLimit pool=%s limit_bytes=%d revision=%d: %s "
+            "(target %d pages, effective %d bytes, mapped %d bytes, overage %d "
+            "bytes)",
+            request->pool(), request->limit_bytes(), request->revision(),
+            LimitOutcomeName(result->outcome),
+            result->limit.target_pages.value(),
+            result->limit.effective_bytes.value(), result->mapped_bytes.value(),
+            result->limit.overage_bytes.value());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::Trim(
     grpc::CallbackServerContext* ctx, const v1::TrimRequest* request,
     v1::TrimResponse* response) {
-  return OnPool(ctx, "Trim", request->pool(), [&](PagePool& pool) {
-    absl::StatusOr<TrimResult> result = pool.Trim(request->max_pages());
-    if (!result.ok()) return result.status();
-    ToProto(*result, response);
-    if (result->pages_unmapped > 0) {
-      LogLine("Trim pool=%s: unmapped %d idle pages", request->pool(),
-              result->pages_unmapped);
-    }
-    return absl::OkStatus();
-  });
+  return OnPool(
+      ctx, "Trim", request->pool(), CheckBounds(*request), [&](PagePool& pool) {
+        absl::StatusOr<TrimResult> result = pool.Trim(request->max_pages());
+        if (!result.ok()) return result.status();
+        ToProto(*result, response);
+        if (result->pages_unmapped > 0) {
+          LogLine("Trim pool=%s: unmapped %d idle pages", request->pool(),
+                  result->pages_unmapped);
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvBrokerService::GetPageOccupancy(
     grpc::CallbackServerContext* ctx,
     const v1::GetPageOccupancyRequest* request,
     v1::GetPageOccupancyResponse* response) {
-  return OnPool(ctx, "GetPageOccupancy", request->pool(), [&](PagePool& pool) {
-    std::vector<PageId> ids(request->page_ids().begin(),
-                            request->page_ids().end());
-    absl::StatusOr<std::vector<PageOccupancy>> result =
-        pool.GetPageOccupancy(ids);
-    if (!result.ok()) return result.status();
-    for (const PageOccupancy& o : *result) ToProto(o, response->add_pages());
-    return absl::OkStatus();
-  });
+  return OnPool(
+      ctx, "GetPageOccupancy", request->pool(), CheckBounds(*request),
+      [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
+        std::vector<PageId> ids(request->page_ids().begin(),
+                                request->page_ids().end());
+        absl::StatusOr<std::vector<PageOccupancy>> result =
+            pool.GetPageOccupancy(ids);
+        if (!result.ok()) return result.status();
+        for (const PageOccupancy& o : *result)
+          ToProto(o, response->add_pages());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerWriteReactor<v1::WatchCapacityResponse>*
 KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
                                const v1::WatchCapacityRequest* request) {
-  absl::StatusOr<const AccessPolicy::Grant*> grant = Authenticate(ctx);
-  absl::Status refused = grant.status();
-  if (refused.ok() && *grant != nullptr) {
+  absl::Status refused = CheckBounds(*request);
+  absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
+  if (refused.ok()) refused = caller.status();
+  if (refused.ok()) {
     refused =
-        AccessPolicy::Authorize(**grant, request->pool(), "WatchCapacity");
+        AccessPolicy::Authorize(*caller, request->pool(), "WatchCapacity");
   }
   if (refused.ok()) refused = CheckPageList(request->max_pages());
   std::shared_ptr<PagePool> pool;
@@ -313,7 +397,7 @@ KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
   }
   return StartCapacityWatch(
       feed_, ChangeFeed::Watch{std::move(pool), request->max_pages(),
-                               CallerOf(ctx, *grant)});
+                               CallerOf(ctx, caller->token)});
 }
 
 }  // namespace kvbroker

@@ -54,6 +54,7 @@
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "server/access.h"
 #include "server/change_feed.h"
+#include "server/drain_gate.h"
 
 namespace kvbroker {
 
@@ -71,6 +72,15 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   KvBrokerService(Broker* broker, std::shared_ptr<ChangeFeed> feed,
                   const AccessPolicy* access = nullptr,
                   ServiceLimits limits = {});
+
+  // SIGTERM: every unary call from now on is refused with DRAINING
+  // (UNAVAILABLE, RetryInfo) without running. Idempotent.
+  void BeginDrain() { gate_.Close(); }
+  // Waits until the unary calls admitted before BeginDrain have finished,
+  // or `deadline`; returns how many still run.
+  int64_t AwaitCallsDone(absl::Time deadline) {
+    return gate_.AwaitIdle(deadline);
+  }
 
   KvBrokerService(const KvBrokerService&) = delete;
   KvBrokerService& operator=(const KvBrokerService&) = delete;
@@ -119,29 +129,34 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
       v1::GetPageOccupancyResponse* response) override;
 
  private:
-  // The caller's grant; nullptr (and OK) without an access policy.
-  absl::StatusOr<const AccessPolicy::Grant*> Authenticate(
+  // The caller's grants (none without an access policy).
+  absl::StatusOr<AccessPolicy::Caller> Authenticate(
       grpc::CallbackServerContext* ctx) const;
   // Authenticates and authorizes a call that names `pool`.
   absl::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method,
                      absl::string_view pool) const;
-  // Who holds a watch (see the file comment); `grant` from Authenticate.
+  // Who holds a watch (see the file comment); `grant` is the caller's
+  // token grant from Authenticate.
   static std::string CallerOf(grpc::CallbackServerContext* ctx,
                               const AccessPolicy::Grant* grant);
   // INVALID_ARGUMENT when `max_pages` is negative or above the bound.
   absl::Status CheckPageList(int64_t max_pages) const;
-  // Runs a unary call on the pool named `pool`: refuses it unless admitted
-  // for `method`, still live and the pool exists; otherwise finishes with
+  // Runs a unary call on the pool named `pool`: refuses it unless the
+  // request is within its bounds (`bounds`, request_bounds.h), admitted for
+  // `method`, still live and the pool exists; otherwise finishes with
   // `body(PagePool&)`'s status (body fills the response).
   template <typename Body>
   grpc::ServerUnaryReactor* OnPool(grpc::CallbackServerContext* ctx,
                                    absl::string_view method,
-                                   const std::string& pool, Body&& body);
+                                   const std::string& pool,
+                                   const absl::Status& bounds, Body&& body);
 
   Broker* const broker_;
   const std::shared_ptr<ChangeFeed> feed_;
   const AccessPolicy* const access_;
   const ServiceLimits limits_;
+  // Every unary call passes it; closed by BeginDrain.
+  DrainGate gate_;
 };
 
 }  // namespace kvbroker

@@ -1,19 +1,17 @@
 // kvbrokerd: the per-node daemon that brokers GPU memory for LLM KV caches.
 //
 // Parses flags, builds the backend, creates the pools of --pools, serves
-// kvbroker.v1.KvBroker (plus health, reflection and channelz) on TCP and/or a
+// kvbroker.v1.KvBroker (plus health, reflection, and channelz when asked
+// for) on TCP and/or a
 // Unix socket, with TLS and bearer tokens when configured, Prometheus
 // metrics over HTTP on --metrics_listen, and drains on SIGTERM or SIGINT
 // (exit status 0).
 
-#include <google/protobuf/text_format.h>
 #include <grpcpp/security/server_credentials.h>
 #include <signal.h>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -33,6 +31,7 @@
 #include "allocator/backend.h"
 #include "allocator/broker.h"
 #include "allocator/cuda_backend.h"
+#include "allocator/failure.h"
 #include "allocator/host_backend.h"
 #include "allocator/units.h"
 #include "attach/attach_server.h"
@@ -42,6 +41,7 @@
 #include "server/daemon.h"
 #include "server/log.h"
 #include "server/metrics.h"
+#include "server/startup_config.h"
 
 namespace kvbroker {
 
@@ -121,9 +121,17 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, auth_tokens, "",
           "File of bearer tokens scoped to pools, in protobuf text format "
           "(kvbroker.v1.AuthTokensFile: 'tokens { name: \"scheduler\" "
-          "token: \"...\" pools: \"*\" }'). With it every KvBroker call "
-          "on either listener needs 'authorization: Bearer TOKEN'; health, "
+          "token: \"...\" pools: \"*\" }'). With tokens, every KvBroker "
+          "call on either listener needs 'authorization: Bearer TOKEN'. "
+          "'identities { name: \"sched\" san: \"scheduler.example.com\" "
+          "pools: \"*\" }' entries (need --tls_client_ca) scope client "
+          "certificates by subject alternative name: a TLS client whose "
+          "certificate matches none is refused. Health, "
           "reflection and channelz stay open. Keep the file private.");
+ABSL_FLAG(bool, channelz, false,
+          "Serve grpc.channelz.v1.Channelz (connection and call statistics). "
+          "Off by default: it shows every client's address to anyone who "
+          "can connect, token or not.");
 ABSL_FLAG(int64_t, max_page_list, 4096,
           "The most page-list entries Capacity and WatchCapacity return; a "
           "larger max_pages is refused (INVALID_ARGUMENT).");
@@ -167,31 +175,39 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
   return std::unique_ptr<Backend>(new HostBackend(host_options));
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& flag,
-                                     const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("--", flag, ": cannot read ", path));
+// Flags that need no file or device, checked before anything else.
+absl::Status CheckFlags() {
+  if (const std::string listen = absl::GetFlag(FLAGS_listen); !listen.empty()) {
+    KVB_RETURN_IF_ERROR(CheckListenAddress("listen", listen));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-absl::StatusOr<v1::PoolsFile> ReadPoolsFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile("pools", path);
-  if (!text.ok()) return text.status();
-  v1::PoolsFile pools;
-  if (!google::protobuf::TextFormat::ParseFromString(*text, &pools)) {
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+      !listen.empty()) {
+    KVB_RETURN_IF_ERROR(CheckListenAddress("metrics_listen", listen));
+  }
+  if (absl::GetFlag(FLAGS_listen).empty() &&
+      absl::GetFlag(FLAGS_unix_socket).empty()) {
+    return absl::InvalidArgumentError(
+        "--listen and --unix_socket are both empty: nothing to serve on");
+  }
+  const double utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  if (!(utilization > 0 && utilization <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, " is not a valid kvbroker.v1.PoolsFile in text format"));
+        "--gpu_memory_utilization must be in (0, 1], not ", utilization));
   }
-  return pools;
+  if (absl::GetFlag(FLAGS_min_idle_pages) < 0 ||
+      absl::GetFlag(FLAGS_max_idle_pages) < 0) {
+    return absl::InvalidArgumentError(
+        "--min_idle_pages and --max_idle_pages must not be negative");
+  }
+  if (absl::GetFlag(FLAGS_drain_timeout) < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain_timeout must not be negative");
+  }
+  return absl::OkStatus();
 }
 
 // --tls_cert, --tls_key, --tls_client_ca -> the TCP listener's credentials;
-// null when TLS is not configured.
+// null when TLS is not configured. The files are read and the key checked
+// against the certificate here, so that a mistake is named before serving.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials() {
   const std::string cert = absl::GetFlag(FLAGS_tls_cert);
   const std::string key = absl::GetFlag(FLAGS_tls_key);
@@ -204,16 +220,19 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials() {
   }
   grpc::SslServerCredentialsOptions ssl;
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  absl::StatusOr<std::string> cert_pem = ReadFile("tls_cert", cert);
+  absl::StatusOr<std::string> cert_pem = ReadConfigFile("tls_cert", cert);
   if (!cert_pem.ok()) return cert_pem.status();
-  absl::StatusOr<std::string> key_pem = ReadFile("tls_key", key);
+  absl::StatusOr<std::string> key_pem = ReadConfigFile("tls_key", key);
   if (!key_pem.ok()) return key_pem.status();
+  KVB_RETURN_IF_ERROR(CheckCertificateAndKey(*cert_pem, *key_pem));
   pair.cert_chain = *std::move(cert_pem);
   pair.private_key = *std::move(key_pem);
   ssl.pem_key_cert_pairs.push_back(std::move(pair));
   if (!client_ca.empty()) {
-    absl::StatusOr<std::string> ca_pem = ReadFile("tls_client_ca", client_ca);
+    absl::StatusOr<std::string> ca_pem =
+        ReadConfigFile("tls_client_ca", client_ca);
     if (!ca_pem.ok()) return ca_pem.status();
+    KVB_RETURN_IF_ERROR(CheckCertificateBundle("tls_client_ca", *ca_pem));
     ssl.pem_root_certs = *std::move(ca_pem);
     ssl.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
@@ -224,14 +243,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials() {
 absl::StatusOr<std::shared_ptr<const AccessPolicy>> ReadAuthTokens() {
   const std::string path = absl::GetFlag(FLAGS_auth_tokens);
   if (path.empty()) return nullptr;
-  absl::StatusOr<std::string> text = ReadFile("auth_tokens", path);
-  if (!text.ok()) return text.status();
   v1::AuthTokensFile file;
-  if (!google::protobuf::TextFormat::ParseFromString(*text, &file)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--auth_tokens: ", path,
-        " is not a valid kvbroker.v1.AuthTokensFile in text format"));
-  }
+  // Secret: a parse error must not quote a token.
+  KVB_RETURN_IF_ERROR(
+      ReadTextProtoFile("auth_tokens", path, FileSecrecy::kSecret, &file));
   absl::StatusOr<AccessPolicy> policy = AccessPolicy::Create(file);
   if (!policy.ok()) {
     return absl::InvalidArgumentError(
@@ -240,8 +255,15 @@ absl::StatusOr<std::shared_ptr<const AccessPolicy>> ReadAuthTokens() {
   return std::make_shared<const AccessPolicy>(*std::move(policy));
 }
 
+// Start-up failures name the reason (typed failures) or the code, and the
+// message; never the internal payload.
 int Fail(const absl::Status& status) {
-  absl::FPrintF(stderr, "kvbrokerd: %s\n", status.ToString());
+  const FailureReason reason = GetReason(status);
+  absl::FPrintF(stderr, "kvbrokerd: %s: %s\n",
+                reason == FailureReason::kUnspecified
+                    ? absl::StatusCodeToString(status.code())
+                    : std::string(ReasonName(reason)),
+                status.message());
   return 1;
 }
 
@@ -253,6 +275,27 @@ int Run() {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
+  v1::PoolsFile pools;
+  if (const std::string path = absl::GetFlag(FLAGS_pools); !path.empty()) {
+    if (absl::Status s =
+            ReadTextProtoFile("pools", path, FileSecrecy::kPublic, &pools);
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
+      TlsCredentials();
+  if (!tls.ok()) return Fail(tls.status());
+  absl::StatusOr<std::shared_ptr<const AccessPolicy>> access = ReadAuthTokens();
+  if (!access.ok()) return Fail(access.status());
+  if (*access != nullptr && (*access)->has_identities() &&
+      absl::GetFlag(FLAGS_tls_client_ca).empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--auth_tokens lists client identities, which need mutual TLS "
+        "(--tls_client_ca)"));
+  }
 
   HostBackendOptions host_options;
   host_options.device_count =
@@ -272,6 +315,7 @@ int Run() {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.channelz = absl::GetFlag(FLAGS_channelz);
   options.limits.max_page_list = absl::GetFlag(FLAGS_max_page_list);
   options.watch.max_watches_per_caller =
       absl::GetFlag(FLAGS_max_watches_per_caller);
@@ -283,12 +327,7 @@ int Run() {
         "--max_page_list, --max_watches_per_caller and --watch_interval must "
         "not be negative"));
   }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
-      TlsCredentials();
-  if (!tls.ok()) return Fail(tls.status());
   options.tcp_credentials = *tls;
-  absl::StatusOr<std::shared_ptr<const AccessPolicy>> access = ReadAuthTokens();
-  if (!access.ok()) return Fail(access.status());
   options.access = *access;
   if (options.access != nullptr) {
     LogLine("%d bearer token(s) from %s; KvBroker calls need one",
@@ -302,14 +341,9 @@ int Run() {
   absl::StatusOr<std::unique_ptr<Daemon>> daemon =
       Daemon::Create(backend->get(), broker_options, options);
   if (!daemon.ok()) return Fail(daemon.status());
-  if (const std::string path = absl::GetFlag(FLAGS_pools); !path.empty()) {
-    absl::StatusOr<v1::PoolsFile> pools = ReadPoolsFile(path);
-    if (!pools.ok()) return Fail(pools.status());
-    if (absl::Status s = (*daemon)->CreatePools(*pools); !s.ok()) {
-      return Fail(s);
-    }
-  }
-  if (absl::Status s = (*daemon)->Start(); !s.ok()) return Fail(s);
+  if (absl::Status s = (*daemon)->CreatePools(pools); !s.ok()) return Fail(s);
+  // The metrics listener binds before the gRPC one serves: a bad
+  // --metrics_listen stops the daemon before health ever says SERVING.
   std::unique_ptr<MetricsServer> metrics;
   if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
       !listen.empty()) {
@@ -319,6 +353,7 @@ int Run() {
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
   }
+  if (absl::Status s = (*daemon)->Start(); !s.ok()) return Fail(s);
 
   std::unique_ptr<attach::AttachServer> attach_server;
   if (const std::string path = absl::GetFlag(FLAGS_attach_socket);

@@ -81,6 +81,7 @@ void ToProto(const LimitInfo& limit, v1::MemoryLimit* out) {
 }
 
 void ToProto(const CapacitySnapshot& s, v1::CapacitySnapshot* out) {
+  out->set_pool_uid(s.pool_uid);
   out->set_pool(s.pool);
   out->set_generation(s.generation);
   out->set_available_blocks(s.available_blocks.value());

@@ -22,6 +22,36 @@ using google::rpc::RetryInfo;
 constexpr absl::string_view kPoolType = "kvbroker.v1.Pool";
 constexpr absl::string_view kReservationType = "kvbroker.v1.Reservation";
 
+// `text` cut to at most `limit` bytes (plus the marker) at a UTF-8
+// character boundary.
+std::string Bounded(absl::string_view text, size_t limit) {
+  if (text.size() <= limit) return std::string(text);
+  size_t cut = limit;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) {
+    --cut;
+  }
+  return absl::StrCat(text.substr(0, cut), "...(", text.size() - cut,
+                      " more bytes)");
+}
+
+// `f` with every caller-influenced part within the wire limits.
+Failure BoundedFailure(const Failure& f) {
+  Failure out;
+  out.reason = f.reason;
+  for (const auto& [key, value] : f.metadata) {
+    if (out.metadata.size() == kMaxErrorMetadataEntries) break;
+    out.metadata[Bounded(key, kMaxErrorMetadataKeyBytes)] =
+        Bounded(value, kMaxErrorMetadataValueBytes);
+  }
+  for (const FieldViolation& v : f.violations) {
+    if (out.violations.size() == kMaxFieldViolations) break;
+    out.violations.push_back(
+        {Bounded(v.field, kMaxErrorMetadataKeyBytes),
+         Bounded(v.description, kMaxErrorMetadataValueBytes)});
+  }
+  return out;
+}
+
 std::string Meta(const Failure& f, absl::string_view key) {
   auto it = f.metadata.find(std::string(key));
   return it == f.metadata.end() ? std::string() : it->second;
@@ -96,6 +126,10 @@ DetailPlan PlanFor(const Failure& f) {
     case FailureReason::kMappingFailed:
       p.retry = true;
       p.retry_delay = kMappingRetryDelay;
+      break;
+    case FailureReason::kDraining:
+      p.retry = true;
+      p.retry_delay = kDrainingRetryDelay;
       break;
     case FailureReason::kUnspecified:
     case FailureReason::kInvalidGeometry:
@@ -177,11 +211,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
     const std::string original(absl::StatusCodeToString(status.code()));
     Failure untyped;
     untyped.metadata[std::string(error_key::kOriginalCode)] = original;
-    return Serialize(RichStatus(absl::StatusCode::kInternal,
-                                absl::StrCat(original, ": ", status.message()),
-                                untyped));
+    return Serialize(
+        RichStatus(absl::StatusCode::kInternal,
+                   Bounded(absl::StrCat(original, ": ", status.message()),
+                           kMaxErrorMessageBytes),
+                   untyped));
   }
-  return Serialize(RichStatus(status.code(), status.message(), *failure));
+  return Serialize(RichStatus(status.code(),
+                              Bounded(status.message(), kMaxErrorMessageBytes),
+                              BoundedFailure(*failure)));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {

@@ -21,7 +21,15 @@
 //     (a pool, "kvbroker.v1.Pool"; a reservation, "kvbroker.v1.Reservation");
 //   - google.rpc.RetryInfo where waiting and retrying can help:
 //     MAPPING_FAILED (kMappingRetryDelay) and GPU_MEMORY_EXHAUSTED
-//     (kBudgetRetryDelay, the broker's budget refresh interval).
+//     (kBudgetRetryDelay, the broker's budget refresh interval), and
+//     DRAINING (kDrainingRetryDelay).
+// Size: the message, every metadata key and value and every field
+// violation are cut to the limits below (at a UTF-8 boundary, marked
+// "...(N more bytes)"), at most kMaxErrorMetadataEntries metadata entries
+// and kMaxFieldViolations violations are kept, so that the serialized
+// details stay under kMaxErrorDetailsBytes and the whole status fits gRPC's
+// default 8 KiB metadata limit whatever a caller sent; otherwise the client
+// would get the library's untyped RESOURCE_EXHAUSTED instead of the reason.
 // Codes convert number for number (absl::StatusCode and grpc::StatusCode
 // both follow google.rpc.Code). A non-OK status without the payload is a bug
 // or an untranslated backend error: it becomes INTERNAL, its message prefixed
@@ -59,6 +67,16 @@ namespace kvbroker {
 // RetryInfo.retry_delay of MAPPING_FAILED and GPU_MEMORY_EXHAUSTED.
 inline constexpr absl::Duration kMappingRetryDelay = absl::Milliseconds(100);
 inline constexpr absl::Duration kBudgetRetryDelay = absl::Seconds(1);
+// RetryInfo.retry_delay of DRAINING: about a restart's time.
+inline constexpr absl::Duration kDrainingRetryDelay = absl::Seconds(1);
+
+// Size limits of a status on the wire (see above).
+inline constexpr size_t kMaxErrorMessageBytes = 256;
+inline constexpr size_t kMaxErrorMetadataKeyBytes = 48;
+inline constexpr size_t kMaxErrorMetadataValueBytes = 128;
+inline constexpr size_t kMaxErrorMetadataEntries = 10;
+inline constexpr size_t kMaxFieldViolations = 4;
+inline constexpr size_t kMaxErrorDetailsBytes = 4096;
 
 // Core -> wire. OK stays OK.
 grpc::Status ToGrpcStatus(const absl::Status& status);

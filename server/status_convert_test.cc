@@ -1,5 +1,10 @@
 #include "server/status_convert.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
 #include "gtest/gtest.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
@@ -153,6 +158,38 @@ TEST(StatusConvertTest, ResourceInfoNamesPoolsAndReservations) {
   ASSERT_TRUE(res.has_value());
   EXPECT_EQ(res->resource_type(), "kvbroker.v1.Reservation");
   EXPECT_EQ(res->resource_name(), "r7");
+}
+
+TEST(StatusConvertTest, HugeCallerStringsStayWithinTheWireLimits) {
+  const std::string huge(1 << 16, 'x');
+  for (int r = 1; r <= kMaxFailureReason; ++r) {
+    const auto reason = static_cast<FailureReason>(r);
+    FailureMetadata metadata;
+    for (const char* key :
+         {"pool", "block_id", "reservation_id", "request_id"}) {
+      metadata[key] = huge;
+    }
+    for (int i = 0; i < 40; ++i) metadata[absl::StrCat("key_", i)] = huge;
+    std::vector<FieldViolation> violations(100, {huge, huge});
+    grpc::Status wire = ToGrpcStatus(
+        MakeFailure(reason, huge, std::move(metadata), std::move(violations)));
+    EXPECT_LE(wire.error_details().size(), kMaxErrorDetailsBytes)
+        << ReasonName(reason);
+    EXPECT_LE(wire.error_message().size(), kMaxErrorMessageBytes + 32);
+    EXPECT_TRUE(
+        absl::EndsWith(wire.error_message(),
+                       absl::StrCat("...(", huge.size() - kMaxErrorMessageBytes,
+                                    " more bytes)")));
+    EXPECT_EQ(GetReason(FromGrpcStatus(wire)), reason) << ReasonName(reason);
+  }
+}
+
+TEST(StatusConvertTest, CutsLongTextAtACharacterBoundary) {
+  // 255 ASCII bytes, then a 2-byte character straddling the 256-byte limit.
+  const std::string text = std::string(255, 'a') + "\xc3\xa9" + "tail";
+  grpc::Status wire =
+      ToGrpcStatus(MakeFailure(FailureReason::kInvalidArgument, text));
+  EXPECT_EQ(wire.error_message(), std::string(255, 'a') + "...(6 more bytes)");
 }
 
 TEST(StatusConvertTest, UntypedStatusBecomesInternal) {

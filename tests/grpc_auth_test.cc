@@ -204,6 +204,22 @@ TEST_F(GrpcAuth, MissingOrUnknownTokensAreUnauthenticated) {
   }
 }
 
+TEST_F(GrpcAuth, TwoAuthorizationHeadersAreRefused) {
+  auto stub = v1::KvBroker::NewStub(TlsChannel(rig_));
+  // A valid token and another: which one counts would be ambiguous.
+  for (const char* second : {kAdmin, kEngine}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kAdmin);
+    ctx.AddMetadata("authorization", std::string("Bearer ") + second);
+    v1::CapacityRequest req;
+    req.set_pool("theirs");
+    v1::CapacityResponse resp;
+    grpc::Status s = stub->Capacity(&ctx, req, &resp);
+    EXPECT_TRUE(IsRefusal(s, FailureReason::kUnauthenticated))
+        << s.error_message();
+  }
+}
+
 TEST_F(GrpcAuth, HealthNeedsNoToken) {
   auto health = grpc::health::v1::Health::NewStub(TlsChannel(rig_));
   grpc::ClientContext ctx;
@@ -241,6 +257,114 @@ TEST_F(GrpcAuth, UnixSocketTakesTheSameTokens) {
                         FailureReason::kPermissionDenied));
   EXPECT_TRUE(
       IsRefusal(c.Capacity("", "mine"), FailureReason::kUnauthenticated));
+}
+
+// ===========================================================================
+// Client certificate identities: certificates from tests/testdata, all
+// signed by one test CA; the SAN decides.
+
+std::string ReadIdentityFile(const std::string& name) {
+  std::ifstream in("tests/testdata/" + name);
+  EXPECT_TRUE(in) << name;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+RigOptions IdentityRig(bool with_tokens) {
+  RigOptions o;
+  grpc::SslServerCredentialsOptions ssl(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = ReadIdentityFile("ca.pem");
+  ssl.pem_key_cert_pairs.push_back(
+      {ReadIdentityFile("server.key"), ReadIdentityFile("server.pem")});
+  o.tcp_credentials = grpc::SslServerCredentials(ssl);
+  v1::AuthTokensFile file;
+  if (with_tokens) {
+    v1::AuthToken* admin = file.add_tokens();
+    admin->set_name("admin");
+    admin->set_token(kAdmin);
+    admin->add_pools("*");
+  }
+  v1::ClientIdentity* scheduler = file.add_identities();
+  scheduler->set_name("scheduler");
+  scheduler->set_san("scheduler.kvbroker.test");
+  scheduler->add_pools("*");
+  v1::ClientIdentity* engine = file.add_identities();
+  engine->set_name("engine-0");
+  engine->set_san("spiffe://kvbroker.test/engine-0");
+  engine->add_pools("mine");
+  absl::StatusOr<AccessPolicy> p = AccessPolicy::Create(file);
+  EXPECT_TRUE(p.ok()) << p.status();
+  o.access = std::make_shared<const AccessPolicy>(*std::move(p));
+  return o;
+}
+
+// A TLS channel presenting `who`.pem from tests/testdata.
+std::shared_ptr<grpc::Channel> IdentityChannel(const Rig& rig,
+                                               const std::string& who) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadIdentityFile("ca.pem");
+  ssl.pem_private_key = ReadIdentityFile(who + ".key");
+  ssl.pem_cert_chain = ReadIdentityFile(who + ".pem");
+  grpc::ChannelArguments args;
+  args.SetInt("grpc.use_local_subchannel_pool", 1);
+  return grpc::CreateCustomChannel(rig.daemon->tcp_address(),
+                                   grpc::SslCredentials(ssl), args);
+}
+
+TEST(GrpcIdentities, ACertificateFromTheRightCaIsNotEnoughByItself) {
+  Rig rig(IdentityRig(/*with_tokens=*/false));
+  ASSERT_NE(rig.daemon, nullptr);
+  Caller scheduler(IdentityChannel(rig, "scheduler"));
+  ASSERT_TRUE(scheduler.Create("", "mine").ok());
+  ASSERT_TRUE(scheduler.Create("", "theirs").ok());
+  EXPECT_TRUE(scheduler.Capacity("", "theirs").ok());
+
+  // Signed by the same CA, but its SAN is listed nowhere.
+  Caller stranger(IdentityChannel(rig, "stranger"));
+  grpc::Status s = stranger.Capacity("", "mine");
+  EXPECT_TRUE(IsRefusal(s, FailureReason::kUnauthenticated))
+      << s.error_message();
+  std::vector<std::string> names;
+  EXPECT_TRUE(
+      IsRefusal(stranger.List("", &names), FailureReason::kUnauthenticated));
+
+  // A URI SAN scoped to one pool.
+  Caller engine(IdentityChannel(rig, "engine"));
+  v1::AllocResponse a;
+  EXPECT_TRUE(engine.Alloc("", "mine", 2, &a).ok());
+  s = engine.Alloc("", "theirs", 1, &a);
+  EXPECT_TRUE(IsRefusal(s, FailureReason::kPermissionDenied))
+      << s.error_message();
+  EXPECT_EQ(Metadata(s)["identity_name"], "engine-0");
+  EXPECT_TRUE(
+      IsRefusal(engine.Create("", "new"), FailureReason::kPermissionDenied));
+  ASSERT_TRUE(engine.List("", &names).ok());
+  EXPECT_EQ(names, std::vector<std::string>({"mine"}));
+
+  // The Unix socket carries no certificate: file permissions guard it.
+  Caller local(rig.Channel(Transport::kUnix));
+  EXPECT_TRUE(local.Capacity("", "theirs").ok());
+}
+
+TEST(GrpcIdentities, WithTokensBothMustAllowThePool) {
+  Rig rig(IdentityRig(/*with_tokens=*/true));
+  ASSERT_NE(rig.daemon, nullptr);
+  Caller scheduler(IdentityChannel(rig, "scheduler"));
+  ASSERT_TRUE(scheduler.Create(kAdmin, "mine").ok());
+  ASSERT_TRUE(scheduler.Create(kAdmin, "theirs").ok());
+  EXPECT_TRUE(IsRefusal(scheduler.Capacity("", "mine"),
+                        FailureReason::kUnauthenticated));
+  // The admin token allows every pool; the engine's certificate does not.
+  Caller engine(IdentityChannel(rig, "engine"));
+  EXPECT_TRUE(engine.Capacity(kAdmin, "mine").ok());
+  EXPECT_TRUE(IsRefusal(engine.Capacity(kAdmin, "theirs"),
+                        FailureReason::kPermissionDenied));
+  // The stranger's certificate is refused even with the admin token.
+  Caller stranger(IdentityChannel(rig, "stranger"));
+  EXPECT_TRUE(IsRefusal(stranger.Capacity(kAdmin, "mine"),
+                        FailureReason::kUnauthenticated));
 }
 
 }  // namespace

@@ -162,8 +162,7 @@ TEST_P(GrpcDaemon, ReflectionV1AndV1AlphaListServicesAndResolveErrorInfo) {
     for (const char* expected :
          {"kvbroker.v1.KvBroker", "grpc.health.v1.Health",
           "grpc.reflection.v1.ServerReflection",
-          "grpc.reflection.v1alpha.ServerReflection",
-          "grpc.channelz.v1.Channelz"}) {
+          "grpc.reflection.v1alpha.ServerReflection"}) {
       EXPECT_EQ(services.count(expected), 1u) << expected;
     }
 

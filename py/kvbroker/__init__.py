@@ -39,7 +39,7 @@ _ERRORS = (
     "PoolNotEmpty", "BlockNotAllocated", "BlockInReservation",
     "ReservationNotFound", "ReservationExpired", "ReservationTooSmall",
     "GenerationMismatch", "RequestIdReused", "MappingFailed", "PoolFailed",
-    "Unauthenticated", "PermissionDenied")
+    "Unauthenticated", "PermissionDenied", "Draining")
 _EXPORTS.update({name: "kvbroker.errors" for name in _ERRORS})
 
 __all__ = sorted(_EXPORTS)

@@ -197,6 +197,12 @@ class PermissionDenied(KvBrokerError):
     REASON = "PERMISSION_DENIED"
 
 
+class Draining(KvBrokerError):
+    """The daemon is shutting down and did not run the call; retry after
+    ``retry_delay`` (another replica, or the restarted daemon)."""
+    REASON = "DRAINING"
+
+
 # Reason name -> class. tests check it covers every kvbroker.v1.Reason.
 ERROR_CLASSES: Dict[str, Type[KvBrokerError]] = {
     cls.REASON: cls for cls in (
@@ -205,7 +211,7 @@ ERROR_CLASSES: Dict[str, Type[KvBrokerError]] = {
         PoolNotEmpty, BlockNotAllocated, BlockInReservation,
         ReservationNotFound, ReservationExpired, ReservationTooSmall,
         GenerationMismatch, RequestIdReused, MappingFailed, PoolFailed,
-        Unauthenticated, PermissionDenied)
+        Unauthenticated, PermissionDenied, Draining)
 }
 
 

@@ -20,7 +20,7 @@ import random
 
 import grpc
 
-from kvbroker.errors import KvBrokerError, MappingFailed
+from kvbroker.errors import Draining, KvBrokerError, MappingFailed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,4 +63,5 @@ def is_retryable(failure: KvBrokerError) -> bool:
     """Whether a failed attempt of an idempotent call may be sent again."""
     if failure.code != grpc.StatusCode.UNAVAILABLE:
         return False
-    return failure.reason is None or isinstance(failure, MappingFailed)
+    return failure.reason is None or isinstance(failure,
+                                                (MappingFailed, Draining))
