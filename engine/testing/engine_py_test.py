@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 import numpy
 import pytest
@@ -136,8 +137,16 @@ def test_session_end_and_reattach(daemon):
     s.attach("kv")
     blocks = s.alloc(6)
     s.close(release=False)
-    again = engine.Session(daemon, holder="py-grace", token=TOKEN,
-                           reattach_grace=600)
+    # The daemon ends the old session when it reads the close; until then
+    # the holder is still live there and a new hello is HOLDER_BUSY.
+    for _ in range(200):
+        try:
+            again = engine.Session(daemon, holder="py-grace", token=TOKEN,
+                                   reattach_grace=600)
+            break
+        except engine.EngineError as e:
+            assert e.reason_name == "HOLDER_BUSY"
+            time.sleep(0.05)
     assert again.attach("kv") == 6
     assert again.free(blocks) == 6
     again.close()
