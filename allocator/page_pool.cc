@@ -10,6 +10,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/error_keys.h"
 
 namespace kvbroker {
 
@@ -76,7 +77,8 @@ absl::Status PagePool::Init() {
         absl::StrCat("cannot reserve ", g.virtual_bytes_per_device().value(),
                      " bytes of address space on device ", failed_device, ": ",
                      s.message()),
-        {{"virtual_bytes", Num(g.virtual_bytes_per_device().value())}});
+        {{std::string(error_key::kVirtualBytes),
+          Num(g.virtual_bytes_per_device().value())}});
   }
   Epilogue epi;
   absl::Status result;
@@ -89,7 +91,7 @@ absl::Status PagePool::Init() {
       if (!budgets_->TryCharge(g.devices(), g.bundle_bytes(), 1)) {
         return MakeFailure(FailureReason::kGpuMemoryExhausted,
                            "cannot afford the page of the null block",
-                           {{"requested_pages", "1"}});
+                           {{std::string(error_key::kRequestedPages), "1"}});
       }
       const PageId p = ledger_.BeginMapFront(PageCount(1)).front();
       BundleMapper::MapOutcome m;
@@ -131,9 +133,9 @@ absl::Status PagePool::Shutdown(bool force) {
         absl::StrCat("pool ", name(), " holds ", allocated, " allocated and ",
                      reserved,
                      " reserved blocks; free them or delete with force"),
-        {{"pool", name()},
-         {"allocated_blocks", Num(allocated)},
-         {"reserved_blocks", Num(reserved)}});
+        {{std::string(error_key::kPool), name()},
+         {std::string(error_key::kAllocatedBlocks), Num(allocated)},
+         {std::string(error_key::kReservedBlocks), Num(reserved)}});
   }
   mu_.Await(absl::Condition(
       +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
@@ -187,13 +189,14 @@ absl::Status PagePool::CheckUsableLocked() const {
   if (shut_down_) {
     return MakeFailure(FailureReason::kPoolNotFound,
                        absl::StrCat("pool ", name(), " was deleted"),
-                       {{"pool", name()}});
+                       {{std::string(error_key::kPool), name()}});
   }
   if (failed_) {
     return MakeFailure(FailureReason::kPoolFailed,
                        absl::StrCat("pool ", name(), " has failed: ", failure_,
                                     "; delete and recreate it"),
-                       {{"pool", name()}, {"failure", failure_}});
+                       {{std::string(error_key::kPool), name()},
+                        {std::string(error_key::kFailure), failure_}});
   }
   return absl::OkStatus();
 }
@@ -317,16 +320,18 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
   auto refuse =
       [&](FailureReason reason, std::string message, FailureMetadata md)
           ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    md["pool"] = name();
-    md["requested_blocks"] = Num(requested);
-    md["available_blocks"] = Num(available);
-    md["pool_total_blocks"] = Num(total);
-    md["reserved_blocks"] = Num(ledger_.reserved().value());
-    md["allocated_blocks"] = Num(ledger_.allocated().value());
+    md[std::string(error_key::kPool)] = name();
+    md[std::string(error_key::kRequestedBlocks)] = Num(requested);
+    md[std::string(error_key::kAvailableBlocks)] = Num(available);
+    md[std::string(error_key::kPoolTotalBlocks)] = Num(total);
+    md[std::string(error_key::kReservedBlocks)] =
+        Num(ledger_.reserved().value());
+    md[std::string(error_key::kAllocatedBlocks)] =
+        Num(ledger_.allocated().value());
     if (reservation != nullptr) {
-      md["reservation_id"] = reservation->id;
-      md["reservation_blocks"] = Num(from_reservation);
-      md["pool_reason"] = std::string(ReasonName(reason));
+      md[std::string(error_key::kReservationId)] = reservation->id;
+      md[std::string(error_key::kReservationBlocks)] = Num(from_reservation);
+      md[std::string(error_key::kPoolReason)] = std::string(ReasonName(reason));
       return MakeFailure(
           FailureReason::kReservationTooSmall,
           absl::StrCat("reservation ", reservation->id, " holds ",
@@ -354,8 +359,9 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
                      " is shrinking to its memory limit and maps no new "
                      "page; ",
                      mapped_supply, " blocks are available on mapped pages"),
-        {{"target_pages", Num(target_pages_)},
-         {"mapped_pages", Num(ledger_.mapped_pages().value())}});
+        {{std::string(error_key::kTargetPages), Num(target_pages_)},
+         {std::string(error_key::kMappedPages),
+          Num(ledger_.mapped_pages().value())}});
   }
   const int64_t pages = ledger_.FreePagesToCover(BlockCount(beyond)).value();
   if (pages > ledger_.free_pages().value()) {
@@ -368,9 +374,10 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
       !budgets_->TryCharge(geometry_.devices(), geometry_.bundle_bytes(),
                            pages)) {
     FailureMetadata md = {
-        {"required_pages", Num(pages)},
-        {"affordable_pages", Num(affordable)},
-        {"bundle_bytes", Num(geometry_.bundle_bytes().value())}};
+        {std::string(error_key::kRequiredPages), Num(pages)},
+        {std::string(error_key::kAffordablePages), Num(affordable)},
+        {std::string(error_key::kBundleBytes),
+         Num(geometry_.bundle_bytes().value())}};
     for (int d : geometry_.devices()) {
       md[absl::StrCat("device_", d, "_budget_bytes")] =
           Num(budgets_->Snapshot(d).budget.value());
@@ -578,9 +585,10 @@ absl::Status PagePool::MappingErrorLocked(
     std::string* log) {
   ++stats_.map_failures_total;
   FailureMetadata md = {
-      {"pool", name()},
-      {"requested_blocks", Num(requested)},
-      {"driver_error", std::string(outcome.status.message())}};
+      {std::string(error_key::kPool), name()},
+      {std::string(error_key::kRequestedBlocks), Num(requested)},
+      {std::string(error_key::kDriverError),
+       std::string(outcome.status.message())}};
   for (int d : geometry_.devices()) {
     DeviceBudgetSnapshot s = budgets_->Snapshot(d);
     md[absl::StrCat("device_", d, "_free_bytes")] = Num(s.driver_free.value());
@@ -679,10 +687,11 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
             absl::StrCat("pool ", name(), " is at generation ", generation_,
                          ", not ", *request.expected_generation,
                          "; re-read capacity"),
-            {{"pool", name()},
-             {"expected_generation",
+            {{std::string(error_key::kPool), name()},
+             {std::string(error_key::kExpectedGeneration),
               absl::StrCat(*request.expected_generation)},
-             {"current_generation", absl::StrCat(generation_)}});
+             {std::string(error_key::kCurrentGeneration),
+              absl::StrCat(generation_)}});
       }
       Reservation* reservation = nullptr;
       if (!request.reservation_id.empty()) {
@@ -817,7 +826,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         return MakeFailure(
             FailureReason::kInvalidArgument,
             absl::StrCat("block ", *dup, " is named more than once"),
-            {{"field", "block_ids"}, {"block_id", Num(*dup)}},
+            {{std::string(error_key::kField), "block_ids"},
+             {std::string(error_key::kBlockId), Num(*dup)}},
             {{"block_ids",
               absl::StrCat("block ", *dup, " is named more than once")}});
       }
@@ -843,11 +853,13 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
             absl::StrCat(not_allocated.size(), " of ", request.block_ids.size(),
                          " blocks are not allocated (first: ",
                          not_allocated.front(), "); nothing was freed"),
-            {{"pool", name()},
-             {"block_id", Num(not_allocated.front())},
-             {"block_ids", first_ids(not_allocated)},
-             {"not_allocated_blocks", Num(not_allocated.size())},
-             {"requested_blocks", Num(request.block_ids.size())}});
+            {{std::string(error_key::kPool), name()},
+             {std::string(error_key::kBlockId), Num(not_allocated.front())},
+             {std::string(error_key::kBlockIds), first_ids(not_allocated)},
+             {std::string(error_key::kNotAllocatedBlocks),
+              Num(not_allocated.size())},
+             {std::string(error_key::kRequestedBlocks),
+              Num(request.block_ids.size())}});
       }
       if (!in_reservation.empty()) {
         return MakeFailure(
@@ -857,10 +869,11 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
                          in_reservation.front(),
                          "); release the reservation instead; nothing was "
                          "freed"),
-            {{"pool", name()},
-             {"block_id", Num(in_reservation.front())},
-             {"block_ids", first_ids(in_reservation)},
-             {"reserved_blocks_named", Num(in_reservation.size())}});
+            {{std::string(error_key::kPool), name()},
+             {std::string(error_key::kBlockId), Num(in_reservation.front())},
+             {std::string(error_key::kBlockIds), first_ids(in_reservation)},
+             {std::string(error_key::kReservedBlocksNamed),
+              Num(in_reservation.size())}});
       }
       FreeResult out;
       std::vector<Unmap> unmaps;
@@ -925,11 +938,13 @@ absl::Status PagePool::FindReservationLocked(const std::string& id,
                        absl::StrCat("reservation ", id, " in pool ", name(),
                                     " has expired; its blocks went back to "
                                     "the pool"),
-                       {{"pool", name()}, {"reservation_id", id}});
+                       {{std::string(error_key::kPool), name()},
+                        {std::string(error_key::kReservationId), id}});
   }
   return MakeFailure(FailureReason::kReservationNotFound,
                      absl::StrCat("no reservation ", id, " in pool ", name()),
-                     {{"pool", name()}, {"reservation_id", id}});
+                     {{std::string(error_key::kPool), name()},
+                      {std::string(error_key::kReservationId), id}});
 }
 
 void PagePool::ExpireLocked(std::string* log) {
@@ -985,10 +1000,10 @@ std::optional<absl::StatusOr<T>> PagePool::ReplayLocked(
         absl::StrCat("request_id ", request_id,
                      " was already used with other parameters in pool ",
                      name()),
-        {{"pool", name()},
-         {"request_id", request_id},
-         {"first_request", seen->fingerprint},
-         {"this_request", fingerprint}}));
+        {{std::string(error_key::kPool), name()},
+         {std::string(error_key::kRequestId), request_id},
+         {std::string(error_key::kFirstRequest), seen->fingerprint},
+         {std::string(error_key::kThisRequest), fingerprint}}));
   }
   ++stats_.idempotent_replays_total;
   T replay = std::get<T>(seen->outcome);
