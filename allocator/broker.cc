@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/failure.h"
+#include "common/error_keys.h"
 
 namespace kvbroker {
 namespace {
@@ -79,7 +80,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
     if (pools_.count(config.name) > 0) {
       return MakeFailure(FailureReason::kPoolAlreadyExists,
                          absl::StrCat("pool ", config.name, " already exists"),
-                         {{"pool", config.name}});
+                         {{std::string(error_key::kPool), config.name}});
     }
   }
   PoolOptions po;
@@ -117,7 +118,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
     (void)pool->Shutdown(/*force=*/true);
     return MakeFailure(FailureReason::kPoolAlreadyExists,
                        absl::StrCat("pool ", config.name, " already exists"),
-                       {{"pool", config.name}});
+                       {{std::string(error_key::kPool), config.name}});
   }
   std::fprintf(stderr,
                "kvbroker: created pool %s: page %lld B, block %lld B, %lld "
@@ -139,7 +140,8 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::GetPool(
   auto it = pools_.find(name);
   if (it == pools_.end()) {
     return MakeFailure(FailureReason::kPoolNotFound,
-                       absl::StrCat("no pool named ", name), {{"pool", name}});
+                       absl::StrCat("no pool named ", name),
+                       {{std::string(error_key::kPool), name}});
   }
   return it->second;
 }

@@ -15,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/error_keys.h"
 
 namespace kvbroker {
 namespace {
@@ -111,7 +112,7 @@ absl::Status InvalidField(absl::string_view field,
                           absl::string_view description) {
   return MakeFailure(FailureReason::kInvalidArgument,
                      absl::StrCat(field, ": ", description),
-                     {{"field", std::string(field)}},
+                     {{std::string(error_key::kField), std::string(field)}},
                      {{std::string(field), std::string(description)}});
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
+#include "common/error_keys.h"
 
 namespace kvbroker {
 namespace {
@@ -92,8 +93,10 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
     }
     message.pop_back();
     std::string first_field = bad.front().field;
-    return MakeFailure(FailureReason::kInvalidArgument, message,
-                       {{"field", std::move(first_field)}}, std::move(bad));
+    return MakeFailure(
+        FailureReason::kInvalidArgument, message,
+        {{std::string(error_key::kField), std::move(first_field)}},
+        std::move(bad));
   }
 
   const int64_t P = config.page_size.value();
@@ -106,9 +109,9 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
           FailureReason::kInvalidGeometry,
           absl::StrCat("block_bytes (", HumanBytes(B), ") exceeds page_size (",
                        HumanBytes(P), ") and every valid page size"),
-          {{"block_bytes", Num(B)},
-           {"page_size_bytes", Num(P)},
-           {"granularity_bytes", Num(g)}},
+          {{std::string(error_key::kBlockBytes), Num(B)},
+           {std::string(error_key::kPageSizeBytes), Num(P)},
+           {std::string(error_key::kGranularityBytes), Num(g)}},
           {{"block_bytes", "no page size can hold one block"}});
     }
     return MakeFailure(
@@ -117,10 +120,10 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
                      HumanBytes(P), "); the smallest valid page size is ",
                      HumanBytes(smallest.value()), " (", smallest.value(),
                      " bytes)"),
-        {{"block_bytes", Num(B)},
-         {"page_size_bytes", Num(P)},
-         {"granularity_bytes", Num(g)},
-         {"min_page_size_bytes", Num(smallest.value())}},
+        {{std::string(error_key::kBlockBytes), Num(B)},
+         {std::string(error_key::kPageSizeBytes), Num(P)},
+         {std::string(error_key::kGranularityBytes), Num(g)},
+         {std::string(error_key::kMinPageSizeBytes), Num(smallest.value())}},
         {{"page_size",
           absl::StrCat("must be at least ", HumanBytes(smallest.value()))}});
   }
@@ -134,9 +137,9 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
                      HumanBytes(g), "); nearest valid sizes are ",
                      lower > 0 && has_upper ? HumanBytes(lower) + " and " : "",
                      has_upper ? HumanBytes(lower + g) : HumanBytes(lower)),
-        {{"page_size_bytes", Num(P)},
-         {"granularity_bytes", Num(g)},
-         {"min_page_size_bytes",
+        {{std::string(error_key::kPageSizeBytes), Num(P)},
+         {std::string(error_key::kGranularityBytes), Num(g)},
+         {std::string(error_key::kMinPageSizeBytes),
           Num(SmallestValidPageSize(config.block_bytes, granularity).value())}},
         {{"page_size", absl::StrCat("must be a multiple of ", HumanBytes(g))}});
   }
@@ -152,7 +155,7 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
                          std::min<i128>(virtual_bytes, INT64_MAX))),
                      " of virtual address space per device; the limit is ",
                      HumanBytes(kMaxVirtualBytesPerDevice)),
-        {{"field", "max_blocks"}},
+        {{std::string(error_key::kField), "max_blocks"}},
         {{"max_blocks", "pool too large to address"}});
   }
 
@@ -162,7 +165,7 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
         absl::StrCat("the pool would have ", static_cast<int64_t>(pages),
                      " pages; the limit is ", kMaxPages,
                      " (use larger pages or fewer blocks)"),
-        {{"field", "max_blocks"}},
+        {{std::string(error_key::kField), "max_blocks"}},
         {{"max_blocks", "too many pages for one pool"}});
   }
 

@@ -1,6 +1,8 @@
-// PagePool: planning, the mapping transaction, limits, health and the
-// entry points. The contract and the invariants are in page_pool.h; the
-// design in docs/design.md.
+// PagePool: construction and shutdown, the mapping transaction, returning
+// blocks and unmapping, mapping failures, the entry points, the prealloc
+// worker and health. Capacity, planning and limits are in
+// page_pool_capacity.cc. The contract and the invariants are in page_pool.h;
+// the design in docs/design.md.
 
 #include "allocator/page_pool.h"
 
@@ -10,18 +12,9 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/error_keys.h"
 
 namespace kvbroker {
-
-const char* LimitOutcomeName(LimitOutcome o) {
-  switch (o) {
-    case LimitOutcome::kApplied: return "APPLIED";
-    case LimitOutcome::kDeferred: return "DEFERRED";
-    case LimitOutcome::kStale: return "STALE";
-    case LimitOutcome::kConflict: return "CONFLICT";
-  }
-  return "?";
-}
 
 // ---------------------------------------------------------------------------
 // Construction and shutdown
@@ -76,7 +69,8 @@ absl::Status PagePool::Init() {
         absl::StrCat("cannot reserve ", g.virtual_bytes_per_device().value(),
                      " bytes of address space on device ", failed_device, ": ",
                      s.message()),
-        {{"virtual_bytes", Num(g.virtual_bytes_per_device().value())}});
+        {{std::string(error_key::kVirtualBytes),
+          Num(g.virtual_bytes_per_device().value())}});
   }
   Epilogue epi;
   absl::Status result;
@@ -89,7 +83,7 @@ absl::Status PagePool::Init() {
       if (!budgets_->TryCharge(g.devices(), g.bundle_bytes(), 1)) {
         return MakeFailure(FailureReason::kGpuMemoryExhausted,
                            "cannot afford the page of the null block",
-                           {{"requested_pages", "1"}});
+                           {{std::string(error_key::kRequestedPages), "1"}});
       }
       const PageId p = ledger_.BeginMapFront(PageCount(1)).front();
       BundleMapper::MapOutcome m;
@@ -131,9 +125,9 @@ absl::Status PagePool::Shutdown(bool force) {
         absl::StrCat("pool ", name(), " holds ", allocated, " allocated and ",
                      reserved,
                      " reserved blocks; free them or delete with force"),
-        {{"pool", name()},
-         {"allocated_blocks", Num(allocated)},
-         {"reserved_blocks", Num(reserved)}});
+        {{std::string(error_key::kPool), name()},
+         {std::string(error_key::kAllocatedBlocks), Num(allocated)},
+         {std::string(error_key::kReservedBlocks), Num(reserved)}});
   }
   mu_.Await(absl::Condition(
       +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
@@ -173,217 +167,6 @@ void PagePool::WithoutLock(absl::FunctionRef<void()> work)
   mu_.Unlock();
   work();
   mu_.Lock();
-}
-
-// ---------------------------------------------------------------------------
-// Capacity
-
-int64_t PagePool::AffordableLocked() const {
-  return budgets_->AffordableBundles(geometry_.devices(),
-                                     geometry_.bundle_bytes());
-}
-
-absl::Status PagePool::CheckUsableLocked() const {
-  if (shut_down_) {
-    return MakeFailure(FailureReason::kPoolNotFound,
-                       absl::StrCat("pool ", name(), " was deleted"),
-                       {{"pool", name()}});
-  }
-  if (failed_) {
-    return MakeFailure(FailureReason::kPoolFailed,
-                       absl::StrCat("pool ", name(), " has failed: ", failure_,
-                                    "; delete and recreate it"),
-                       {{"pool", name()}, {"failure", failure_}});
-  }
-  return absl::OkStatus();
-}
-
-Bytes PagePool::MappedBytesLocked() const {
-  return Bytes(ledger_.mapped_pages().value() *
-               geometry_.bundle_bytes().value() * geometry_.device_count());
-}
-
-LimitInfo PagePool::LimitInfoLocked() const {
-  LimitInfo info;
-  info.state = limit_state_;
-  info.limit_bytes = limit_bytes_;
-  info.revision = limit_revision_;
-  info.target_pages = PageCount(target_pages_);
-  const int64_t per_page =
-      geometry_.bundle_bytes().value() * geometry_.device_count();
-  info.effective_bytes = Bytes(target_pages_ * per_page);
-  info.overage_bytes = Bytes(std::max<int64_t>(
-      0, MappedBytesLocked().value() - info.effective_bytes.value()));
-  return info;
-}
-
-absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
-    const CapacityQuery& query) {
-  std::string log;
-  CapacitySnapshot c;
-  {
-    absl::MutexLock lock(&mu_);
-    if (shut_down_) return CheckUsableLocked();
-    ExpireLocked(&log);
-    c.pool = name();
-    c.pool_uid = options_.uid;
-    c.generation = generation_;
-    c.healthy = !failed_;
-    c.failure = failure_;
-    const int64_t affordable = AffordableLocked();
-    c.affordable_bundles = affordable;
-    // A FAILED pool refuses allocation, so it has nothing available.
-    c.available_blocks = failed_
-                             ? BlockCount(0)
-                             : ledger_.mapped_supply() +
-                                   ledger_.FreePrefix(PageCount(affordable));
-    c.available_tokens =
-        c.available_blocks.value() * geometry_.config().tokens_per_block;
-    c.reserved_blocks = ledger_.reserved();
-    c.allocated_blocks = ledger_.allocated();
-    c.total_blocks = ledger_.admitted_usable();
-    c.pages_free = ledger_.pages(PageState::kFree);
-    c.pages_mapping = ledger_.pages(PageState::kMapping);
-    c.pages_idle = ledger_.pages(PageState::kIdle);
-    c.pages_open = ledger_.pages(PageState::kOpen);
-    c.pages_full = ledger_.pages(PageState::kFull);
-    c.pages_reclaimed = ledger_.pages(PageState::kReclaimed);
-    c.pages_empty = ledger_.pages(PageState::kEmpty);
-    c.mapped_bytes = MappedBytesLocked();
-    c.virtual_bytes =
-        geometry_.virtual_bytes_per_device() * geometry_.device_count();
-    for (int d : geometry_.devices()) {
-      c.devices.push_back(budgets_->Snapshot(d));
-    }
-    c.limit = LimitInfoLocked();
-
-    if (query.max_pages > 0) {
-      const size_t cap = static_cast<size_t>(query.max_pages);
-      auto add = [&](PageId p,
-                     bool counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (c.pages.size() >= cap) return false;
-        const PageLedger::Page& page = ledger_.page(p);
-        PageInfo info;
-        info.page_id = p;
-        info.usable_blocks = BlockCount(page.usable);
-        info.free_blocks = BlockCount(
-            page.state == PageState::kFree ? page.usable : page.free);
-        info.allocated_blocks = BlockCount(page.allocated);
-        info.reserved_blocks = BlockCount(page.reserved);
-        info.state = page.state;
-        info.counted = counted;
-        c.pages.push_back(info);
-        return true;
-      };
-      for (const auto& [free, p] : ledger_.open_index()) {
-        if (!add(p, true)) break;
-      }
-      for (PageId p : ledger_.idle_list()) {
-        if (!add(p, true)) break;
-      }
-      for (PageId p : ledger_.in_flight()) {
-        if (!add(p, false)) break;
-      }
-      const internal::FreeList& free_list = ledger_.free_list();
-      for (size_t i = 0; i < free_list.size(); ++i) {
-        if (!add(free_list[i].page, static_cast<int64_t>(i) < affordable)) {
-          break;
-        }
-      }
-    }
-  }
-  if (!log.empty()) std::fputs(log.c_str(), stderr);
-  return c;
-}
-
-// ---------------------------------------------------------------------------
-// Planning: every refusal is decided here, before anything is taken.
-
-absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
-    int64_t requested, int64_t from_reservation,
-    const Reservation* reservation) {
-  Plan plan;
-  plan.from_reservation = from_reservation;
-  const int64_t need = requested - from_reservation;
-  const int64_t total = ledger_.admitted_usable().value();
-  const int64_t mapped_supply = ledger_.mapped_supply().value();
-  plan.from_pool = need;
-  // Fast path: mapped pages cover the request; no budget lookup needed.
-  if (requested <= total && need <= mapped_supply) return plan;
-  const int64_t affordable = AffordableLocked();
-  const int64_t available =
-      mapped_supply + ledger_.FreePrefix(PageCount(affordable)).value();
-
-  auto refuse =
-      [&](FailureReason reason, std::string message, FailureMetadata md)
-          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    md["pool"] = name();
-    md["requested_blocks"] = Num(requested);
-    md["available_blocks"] = Num(available);
-    md["pool_total_blocks"] = Num(total);
-    md["reserved_blocks"] = Num(ledger_.reserved().value());
-    md["allocated_blocks"] = Num(ledger_.allocated().value());
-    if (reservation != nullptr) {
-      md["reservation_id"] = reservation->id;
-      md["reservation_blocks"] = Num(from_reservation);
-      md["pool_reason"] = std::string(ReasonName(reason));
-      return MakeFailure(
-          FailureReason::kReservationTooSmall,
-          absl::StrCat("reservation ", reservation->id, " holds ",
-                       from_reservation, " of ", requested,
-                       " requested blocks and the pool cannot supply the "
-                       "rest: ",
-                       message),
-          std::move(md));
-    }
-    return MakeFailure(reason, std::move(message), std::move(md));
-  };
-
-  if (requested > total) {
-    return refuse(
-        FailureReason::kRequestTooLarge,
-        absl::StrCat("requested ", requested, " blocks; pool ", name(),
-                     " can hold at most ", total, " blocks under its limit"),
-        {});
-  }
-  const int64_t beyond = need - mapped_supply;
-  if (limit_state_ == LimitState::kDeferred) {
-    return refuse(
-        FailureReason::kShrinkPending,
-        absl::StrCat("pool ", name(),
-                     " is shrinking to its memory limit and maps no new "
-                     "page; ",
-                     mapped_supply, " blocks are available on mapped pages"),
-        {{"target_pages", Num(target_pages_)},
-         {"mapped_pages", Num(ledger_.mapped_pages().value())}});
-  }
-  const int64_t pages = ledger_.FreePagesToCover(BlockCount(beyond)).value();
-  if (pages > ledger_.free_pages().value()) {
-    return refuse(FailureReason::kPoolExhausted,
-                  absl::StrCat("requested ", requested, " blocks; pool ",
-                               name(), " has ", available, " available now"),
-                  {});
-  }
-  if (pages > affordable ||
-      !budgets_->TryCharge(geometry_.devices(), geometry_.bundle_bytes(),
-                           pages)) {
-    FailureMetadata md = {
-        {"required_pages", Num(pages)},
-        {"affordable_pages", Num(affordable)},
-        {"bundle_bytes", Num(geometry_.bundle_bytes().value())}};
-    for (int d : geometry_.devices()) {
-      md[absl::StrCat("device_", d, "_budget_bytes")] =
-          Num(budgets_->Snapshot(d).budget.value());
-    }
-    return refuse(
-        FailureReason::kGpuMemoryExhausted,
-        absl::StrCat("requested ", requested, " blocks; pool ", name(), " has ",
-                     available, " available: the devices can afford ",
-                     affordable, " more page(s), ", pages, " needed"),
-        std::move(md));
-  }
-  plan.new_pages = pages;  // charged
-  return plan;
 }
 
 // ---------------------------------------------------------------------------
@@ -578,9 +361,10 @@ absl::Status PagePool::MappingErrorLocked(
     std::string* log) {
   ++stats_.map_failures_total;
   FailureMetadata md = {
-      {"pool", name()},
-      {"requested_blocks", Num(requested)},
-      {"driver_error", std::string(outcome.status.message())}};
+      {std::string(error_key::kPool), name()},
+      {std::string(error_key::kRequestedBlocks), Num(requested)},
+      {std::string(error_key::kDriverError),
+       std::string(outcome.status.message())}};
   for (int d : geometry_.devices()) {
     DeviceBudgetSnapshot s = budgets_->Snapshot(d);
     md[absl::StrCat("device_", d, "_free_bytes")] = Num(s.driver_free.value());
@@ -679,10 +463,11 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
             absl::StrCat("pool ", name(), " is at generation ", generation_,
                          ", not ", *request.expected_generation,
                          "; re-read capacity"),
-            {{"pool", name()},
-             {"expected_generation",
+            {{std::string(error_key::kPool), name()},
+             {std::string(error_key::kExpectedGeneration),
               absl::StrCat(*request.expected_generation)},
-             {"current_generation", absl::StrCat(generation_)}});
+             {std::string(error_key::kCurrentGeneration),
+              absl::StrCat(generation_)}});
       }
       Reservation* reservation = nullptr;
       if (!request.reservation_id.empty()) {
@@ -817,7 +602,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         return MakeFailure(
             FailureReason::kInvalidArgument,
             absl::StrCat("block ", *dup, " is named more than once"),
-            {{"field", "block_ids"}, {"block_id", Num(*dup)}},
+            {{std::string(error_key::kField), "block_ids"},
+             {std::string(error_key::kBlockId), Num(*dup)}},
             {{"block_ids",
               absl::StrCat("block ", *dup, " is named more than once")}});
       }
@@ -843,11 +629,13 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
             absl::StrCat(not_allocated.size(), " of ", request.block_ids.size(),
                          " blocks are not allocated (first: ",
                          not_allocated.front(), "); nothing was freed"),
-            {{"pool", name()},
-             {"block_id", Num(not_allocated.front())},
-             {"block_ids", first_ids(not_allocated)},
-             {"not_allocated_blocks", Num(not_allocated.size())},
-             {"requested_blocks", Num(request.block_ids.size())}});
+            {{std::string(error_key::kPool), name()},
+             {std::string(error_key::kBlockId), Num(not_allocated.front())},
+             {std::string(error_key::kBlockIds), first_ids(not_allocated)},
+             {std::string(error_key::kNotAllocatedBlocks),
+              Num(not_allocated.size())},
+             {std::string(error_key::kRequestedBlocks),
+              Num(request.block_ids.size())}});
       }
       if (!in_reservation.empty()) {
         return MakeFailure(
@@ -857,10 +645,11 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
                          in_reservation.front(),
                          "); release the reservation instead; nothing was "
                          "freed"),
-            {{"pool", name()},
-             {"block_id", Num(in_reservation.front())},
-             {"block_ids", first_ids(in_reservation)},
-             {"reserved_blocks_named", Num(in_reservation.size())}});
+            {{std::string(error_key::kPool), name()},
+             {std::string(error_key::kBlockId), Num(in_reservation.front())},
+             {std::string(error_key::kBlockIds), first_ids(in_reservation)},
+             {std::string(error_key::kReservedBlocksNamed),
+              Num(in_reservation.size())}});
       }
       FreeResult out;
       std::vector<Unmap> unmaps;
@@ -925,11 +714,13 @@ absl::Status PagePool::FindReservationLocked(const std::string& id,
                        absl::StrCat("reservation ", id, " in pool ", name(),
                                     " has expired; its blocks went back to "
                                     "the pool"),
-                       {{"pool", name()}, {"reservation_id", id}});
+                       {{std::string(error_key::kPool), name()},
+                        {std::string(error_key::kReservationId), id}});
   }
   return MakeFailure(FailureReason::kReservationNotFound,
                      absl::StrCat("no reservation ", id, " in pool ", name()),
-                     {{"pool", name()}, {"reservation_id", id}});
+                     {{std::string(error_key::kPool), name()},
+                      {std::string(error_key::kReservationId), id}});
 }
 
 void PagePool::ExpireLocked(std::string* log) {
@@ -985,10 +776,10 @@ std::optional<absl::StatusOr<T>> PagePool::ReplayLocked(
         absl::StrCat("request_id ", request_id,
                      " was already used with other parameters in pool ",
                      name()),
-        {{"pool", name()},
-         {"request_id", request_id},
-         {"first_request", seen->fingerprint},
-         {"this_request", fingerprint}}));
+        {{std::string(error_key::kPool), name()},
+         {std::string(error_key::kRequestId), request_id},
+         {std::string(error_key::kFirstRequest), seen->fingerprint},
+         {std::string(error_key::kThisRequest), fingerprint}}));
   }
   ++stats_.idempotent_replays_total;
   T replay = std::get<T>(seen->outcome);
@@ -1001,134 +792,6 @@ void PagePool::RememberLocked(const std::string& request_id,
                               IdempotencyWindow::Outcome outcome) {
   remembered_.Remember(request_id, std::move(fingerprint), std::move(outcome),
                        clock_->Now());
-}
-
-// ---------------------------------------------------------------------------
-// Limits, trim, occupancy
-
-absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
-                                                     int64_t revision) {
-  Epilogue epi;
-  absl::StatusOr<LimitResult> result;
-  {
-    absl::MutexLock lock(&mu_);
-    epi.before = generation_;
-    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-                 mu_) -> absl::StatusOr<LimitResult> {
-      if (limit_bytes.value() < 0) {
-        return InvalidField("limit_bytes", "must not be negative");
-      }
-      if (revision < 0) return InvalidField("revision", "must not be negative");
-      if (shut_down_) return CheckUsableLocked();
-      ExpireLocked(&epi.log);
-      // A limit moves pages between lists; it waits until no call has pages
-      // in flight, so that no rollback lands on a list the limit changed.
-      mu_.Await(absl::Condition(
-          +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
-      if (shut_down_) return CheckUsableLocked();
-      auto current = [&](LimitOutcome outcome)
-                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                           LimitResult r;
-                           r.outcome = outcome;
-                           r.limit = LimitInfoLocked();
-                           r.mapped_bytes = MappedBytesLocked();
-                           r.generation = generation_;
-                           return r;
-                         };
-      auto state_outcome = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return limit_state_ == LimitState::kDeferred ? LimitOutcome::kDeferred
-                                                     : LimitOutcome::kApplied;
-      };
-      if (limit_revision_ >= 0) {
-        if (revision < limit_revision_) return current(LimitOutcome::kStale);
-        if (revision == limit_revision_) {
-          return current(limit_bytes == limit_bytes_ ? state_outcome()
-                                                     : LimitOutcome::kConflict);
-        }
-      }
-      const int64_t per_page =
-          geometry_.bundle_bytes().value() * geometry_.device_count();
-      limit_bytes_ = limit_bytes;
-      limit_revision_ = revision;
-      target_pages_ = std::min(limit_bytes.value() / per_page,
-                               geometry_.page_count().value());
-      auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return ledger_.admitted_pages().value() > target_pages_;
-      };
-      // Lowering: unmapped FREE pages go first (from the back), then IDLE
-      // pages are unmapped (from the back).
-      while (over() && ledger_.free_pages().value() > 0) {
-        ledger_.ReclaimFreeBack();
-      }
-      std::vector<Unmap> unmaps;
-      while (over() && ledger_.idle_pages_listed().value() > 0 && !failed_) {
-        const PageId p = ledger_.idle_list().back();
-        ledger_.BeginUnmap(p, Landing::kReclaimedFront);
-        unmaps.push_back({p});
-      }
-      limit_state_ = over() ? LimitState::kDeferred : LimitState::kApplied;
-      if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();
-      BumpGenerationLocked();
-      CompleteUnmapsLocked(&unmaps, &epi.log);
-      return current(state_outcome());
-    }();
-    CloseLocked(&epi);
-  }
-  RunEpilogue(epi);
-  return result;
-}
-
-absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
-  Epilogue epi;
-  absl::StatusOr<TrimResult> result;
-  {
-    absl::MutexLock lock(&mu_);
-    epi.before = generation_;
-    result =
-        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<TrimResult> {
-      KVB_RETURN_IF_ERROR(CheckUsableLocked());
-      std::vector<Unmap> unmaps;
-      while (
-          ledger_.idle_pages_listed().value() > 0 &&
-          (max_pages <= 0 || static_cast<int64_t>(unmaps.size()) < max_pages)) {
-        const PageId p = ledger_.idle_list().front();
-        ledger_.BeginUnmap(p, Landing::kFreeBack);
-        unmaps.push_back({p});
-      }
-      TrimResult out;
-      out.pages_unmapped = CompleteUnmapsLocked(&unmaps, &epi.log);
-      if (failed_) return CheckUsableLocked();
-      out.generation = generation_;
-      return out;
-    }();
-    CloseLocked(&epi);
-  }
-  RunEpilogue(epi);
-  return result;
-}
-
-absl::StatusOr<std::vector<PageOccupancy>> PagePool::GetPageOccupancy(
-    const std::vector<PageId>& page_ids) {
-  absl::MutexLock lock(&mu_);
-  if (shut_down_) return CheckUsableLocked();
-  const int64_t T = geometry_.page_count().value();
-  std::vector<PageOccupancy> out;
-  out.reserve(page_ids.size());
-  for (PageId p : page_ids) {
-    if (p < 0 || p >= T) {
-      return InvalidField("page_ids",
-                          absl::StrCat("page ", p, " is outside [0, ", T, ")"));
-    }
-    const PageLedger::Page& page = ledger_.page(p);
-    PageOccupancy o;
-    o.page_id = p;
-    o.usable_blocks = BlockCount(page.usable);
-    o.allocated_blocks = BlockCount(page.allocated);
-    o.reserved_blocks = BlockCount(page.reserved);
-    o.state = page.state;
-    out.push_back(o);
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------------------

@@ -66,6 +66,9 @@ inline constexpr absl::string_view kExpectedGeneration = "expected_generation";
 inline constexpr absl::string_view kCurrentGeneration = "current_generation";
 inline constexpr absl::string_view kDriverError = "driver_error";
 inline constexpr absl::string_view kFailure = "failure";
+// A capacity refusal that a reservation could not cover: the reason the
+// pool itself would have given.
+inline constexpr absl::string_view kPoolReason = "pool_reason";
 // REASON_UNSPECIFIED (an untranslated status): its original code's name.
 inline constexpr absl::string_view kOriginalCode = "original_code";
 

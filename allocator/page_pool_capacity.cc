@@ -1,0 +1,371 @@
+// PagePool: what the pool can supply and the refusals when it cannot:
+// usability, the capacity snapshot, planning (every capacity refusal is
+// decided there, before anything is taken), memory limits, trim and page
+// occupancy. Part of the page_pool target; the contract is in page_pool.h,
+// the mapping transaction and the entry points in page_pool.cc.
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/page_pool.h"
+#include "common/error_keys.h"
+
+namespace kvbroker {
+
+const char* LimitOutcomeName(LimitOutcome o) {
+  switch (o) {
+    case LimitOutcome::kApplied: return "APPLIED";
+    case LimitOutcome::kDeferred: return "DEFERRED";
+    case LimitOutcome::kStale: return "STALE";
+    case LimitOutcome::kConflict: return "CONFLICT";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------
+// Capacity
+
+int64_t PagePool::AffordableLocked() const {
+  return budgets_->AffordableBundles(geometry_.devices(),
+                                     geometry_.bundle_bytes());
+}
+
+absl::Status PagePool::CheckUsableLocked() const {
+  if (shut_down_) {
+    return MakeFailure(FailureReason::kPoolNotFound,
+                       absl::StrCat("pool ", name(), " was deleted"),
+                       {{std::string(error_key::kPool), name()}});
+  }
+  if (failed_) {
+    return MakeFailure(FailureReason::kPoolFailed,
+                       absl::StrCat("pool ", name(), " has failed: ", failure_,
+                                    "; delete and recreate it"),
+                       {{std::string(error_key::kPool), name()},
+                        {std::string(error_key::kFailure), failure_}});
+  }
+  return absl::OkStatus();
+}
+
+Bytes PagePool::MappedBytesLocked() const {
+  return Bytes(ledger_.mapped_pages().value() *
+               geometry_.bundle_bytes().value() * geometry_.device_count());
+}
+
+LimitInfo PagePool::LimitInfoLocked() const {
+  LimitInfo info;
+  info.state = limit_state_;
+  info.limit_bytes = limit_bytes_;
+  info.revision = limit_revision_;
+  info.target_pages = PageCount(target_pages_);
+  const int64_t per_page =
+      geometry_.bundle_bytes().value() * geometry_.device_count();
+  info.effective_bytes = Bytes(target_pages_ * per_page);
+  info.overage_bytes = Bytes(std::max<int64_t>(
+      0, MappedBytesLocked().value() - info.effective_bytes.value()));
+  return info;
+}
+
+absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
+    const CapacityQuery& query) {
+  std::string log;
+  CapacitySnapshot c;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return CheckUsableLocked();
+    ExpireLocked(&log);
+    c.pool = name();
+    c.pool_uid = options_.uid;
+    c.generation = generation_;
+    c.healthy = !failed_;
+    c.failure = failure_;
+    const int64_t affordable = AffordableLocked();
+    c.affordable_bundles = affordable;
+    // A FAILED pool refuses allocation, so it has nothing available.
+    c.available_blocks = failed_
+                             ? BlockCount(0)
+                             : ledger_.mapped_supply() +
+                                   ledger_.FreePrefix(PageCount(affordable));
+    c.available_tokens =
+        c.available_blocks.value() * geometry_.config().tokens_per_block;
+    c.reserved_blocks = ledger_.reserved();
+    c.allocated_blocks = ledger_.allocated();
+    c.total_blocks = ledger_.admitted_usable();
+    c.pages_free = ledger_.pages(PageState::kFree);
+    c.pages_mapping = ledger_.pages(PageState::kMapping);
+    c.pages_idle = ledger_.pages(PageState::kIdle);
+    c.pages_open = ledger_.pages(PageState::kOpen);
+    c.pages_full = ledger_.pages(PageState::kFull);
+    c.pages_reclaimed = ledger_.pages(PageState::kReclaimed);
+    c.pages_empty = ledger_.pages(PageState::kEmpty);
+    c.mapped_bytes = MappedBytesLocked();
+    c.virtual_bytes =
+        geometry_.virtual_bytes_per_device() * geometry_.device_count();
+    for (int d : geometry_.devices()) {
+      c.devices.push_back(budgets_->Snapshot(d));
+    }
+    c.limit = LimitInfoLocked();
+
+    if (query.max_pages > 0) {
+      const size_t cap = static_cast<size_t>(query.max_pages);
+      auto add = [&](PageId p,
+                     bool counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (c.pages.size() >= cap) return false;
+        const PageLedger::Page& page = ledger_.page(p);
+        PageInfo info;
+        info.page_id = p;
+        info.usable_blocks = BlockCount(page.usable);
+        info.free_blocks = BlockCount(
+            page.state == PageState::kFree ? page.usable : page.free);
+        info.allocated_blocks = BlockCount(page.allocated);
+        info.reserved_blocks = BlockCount(page.reserved);
+        info.state = page.state;
+        info.counted = counted;
+        c.pages.push_back(info);
+        return true;
+      };
+      for (const auto& [free, p] : ledger_.open_index()) {
+        if (!add(p, true)) break;
+      }
+      for (PageId p : ledger_.idle_list()) {
+        if (!add(p, true)) break;
+      }
+      for (PageId p : ledger_.in_flight()) {
+        if (!add(p, false)) break;
+      }
+      const internal::FreeList& free_list = ledger_.free_list();
+      for (size_t i = 0; i < free_list.size(); ++i) {
+        if (!add(free_list[i].page, static_cast<int64_t>(i) < affordable)) {
+          break;
+        }
+      }
+    }
+  }
+  if (!log.empty()) std::fputs(log.c_str(), stderr);
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// Planning: every refusal is decided here, before anything is taken.
+
+absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
+    int64_t requested, int64_t from_reservation,
+    const Reservation* reservation) {
+  Plan plan;
+  plan.from_reservation = from_reservation;
+  const int64_t need = requested - from_reservation;
+  const int64_t total = ledger_.admitted_usable().value();
+  const int64_t mapped_supply = ledger_.mapped_supply().value();
+  plan.from_pool = need;
+  // Fast path: mapped pages cover the request; no budget lookup needed.
+  if (requested <= total && need <= mapped_supply) return plan;
+  const int64_t affordable = AffordableLocked();
+  const int64_t available =
+      mapped_supply + ledger_.FreePrefix(PageCount(affordable)).value();
+
+  auto refuse =
+      [&](FailureReason reason, std::string message, FailureMetadata md)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    md[std::string(error_key::kPool)] = name();
+    md[std::string(error_key::kRequestedBlocks)] = Num(requested);
+    md[std::string(error_key::kAvailableBlocks)] = Num(available);
+    md[std::string(error_key::kPoolTotalBlocks)] = Num(total);
+    md[std::string(error_key::kReservedBlocks)] =
+        Num(ledger_.reserved().value());
+    md[std::string(error_key::kAllocatedBlocks)] =
+        Num(ledger_.allocated().value());
+    if (reservation != nullptr) {
+      md[std::string(error_key::kReservationId)] = reservation->id;
+      md[std::string(error_key::kReservationBlocks)] = Num(from_reservation);
+      md[std::string(error_key::kPoolReason)] = std::string(ReasonName(reason));
+      return MakeFailure(
+          FailureReason::kReservationTooSmall,
+          absl::StrCat("reservation ", reservation->id, " holds ",
+                       from_reservation, " of ", requested,
+                       " requested blocks and the pool cannot supply the "
+                       "rest: ",
+                       message),
+          std::move(md));
+    }
+    return MakeFailure(reason, std::move(message), std::move(md));
+  };
+
+  if (requested > total) {
+    return refuse(
+        FailureReason::kRequestTooLarge,
+        absl::StrCat("requested ", requested, " blocks; pool ", name(),
+                     " can hold at most ", total, " blocks under its limit"),
+        {});
+  }
+  const int64_t beyond = need - mapped_supply;
+  if (limit_state_ == LimitState::kDeferred) {
+    return refuse(
+        FailureReason::kShrinkPending,
+        absl::StrCat("pool ", name(),
+                     " is shrinking to its memory limit and maps no new "
+                     "page; ",
+                     mapped_supply, " blocks are available on mapped pages"),
+        {{std::string(error_key::kTargetPages), Num(target_pages_)},
+         {std::string(error_key::kMappedPages),
+          Num(ledger_.mapped_pages().value())}});
+  }
+  const int64_t pages = ledger_.FreePagesToCover(BlockCount(beyond)).value();
+  if (pages > ledger_.free_pages().value()) {
+    return refuse(FailureReason::kPoolExhausted,
+                  absl::StrCat("requested ", requested, " blocks; pool ",
+                               name(), " has ", available, " available now"),
+                  {});
+  }
+  if (pages > affordable ||
+      !budgets_->TryCharge(geometry_.devices(), geometry_.bundle_bytes(),
+                           pages)) {
+    FailureMetadata md = {
+        {std::string(error_key::kRequiredPages), Num(pages)},
+        {std::string(error_key::kAffordablePages), Num(affordable)},
+        {std::string(error_key::kBundleBytes),
+         Num(geometry_.bundle_bytes().value())}};
+    for (int d : geometry_.devices()) {
+      md[absl::StrCat("device_", d, "_budget_bytes")] =
+          Num(budgets_->Snapshot(d).budget.value());
+    }
+    return refuse(
+        FailureReason::kGpuMemoryExhausted,
+        absl::StrCat("requested ", requested, " blocks; pool ", name(), " has ",
+                     available, " available: the devices can afford ",
+                     affordable, " more page(s), ", pages, " needed"),
+        std::move(md));
+  }
+  plan.new_pages = pages;  // charged
+  return plan;
+}
+
+// ---------------------------------------------------------------------------
+// Limits, trim, occupancy
+
+absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
+                                                     int64_t revision) {
+  Epilogue epi;
+  absl::StatusOr<LimitResult> result;
+  {
+    absl::MutexLock lock(&mu_);
+    epi.before = generation_;
+    result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                 mu_) -> absl::StatusOr<LimitResult> {
+      if (limit_bytes.value() < 0) {
+        return InvalidField("limit_bytes", "must not be negative");
+      }
+      if (revision < 0) return InvalidField("revision", "must not be negative");
+      if (shut_down_) return CheckUsableLocked();
+      ExpireLocked(&epi.log);
+      // A limit moves pages between lists; it waits until no call has pages
+      // in flight, so that no rollback lands on a list the limit changed.
+      mu_.Await(absl::Condition(
+          +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
+      if (shut_down_) return CheckUsableLocked();
+      auto current = [&](LimitOutcome outcome)
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                           LimitResult r;
+                           r.outcome = outcome;
+                           r.limit = LimitInfoLocked();
+                           r.mapped_bytes = MappedBytesLocked();
+                           r.generation = generation_;
+                           return r;
+                         };
+      auto state_outcome = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return limit_state_ == LimitState::kDeferred ? LimitOutcome::kDeferred
+                                                     : LimitOutcome::kApplied;
+      };
+      if (limit_revision_ >= 0) {
+        if (revision < limit_revision_) return current(LimitOutcome::kStale);
+        if (revision == limit_revision_) {
+          return current(limit_bytes == limit_bytes_ ? state_outcome()
+                                                     : LimitOutcome::kConflict);
+        }
+      }
+      const int64_t per_page =
+          geometry_.bundle_bytes().value() * geometry_.device_count();
+      limit_bytes_ = limit_bytes;
+      limit_revision_ = revision;
+      target_pages_ = std::min(limit_bytes.value() / per_page,
+                               geometry_.page_count().value());
+      auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return ledger_.admitted_pages().value() > target_pages_;
+      };
+      // Lowering: unmapped FREE pages go first (from the back), then IDLE
+      // pages are unmapped (from the back).
+      while (over() && ledger_.free_pages().value() > 0) {
+        ledger_.ReclaimFreeBack();
+      }
+      std::vector<Unmap> unmaps;
+      while (over() && ledger_.idle_pages_listed().value() > 0 && !failed_) {
+        const PageId p = ledger_.idle_list().back();
+        ledger_.BeginUnmap(p, Landing::kReclaimedFront);
+        unmaps.push_back({p});
+      }
+      limit_state_ = over() ? LimitState::kDeferred : LimitState::kApplied;
+      if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();
+      BumpGenerationLocked();
+      CompleteUnmapsLocked(&unmaps, &epi.log);
+      return current(state_outcome());
+    }();
+    CloseLocked(&epi);
+  }
+  RunEpilogue(epi);
+  return result;
+}
+
+absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
+  Epilogue epi;
+  absl::StatusOr<TrimResult> result;
+  {
+    absl::MutexLock lock(&mu_);
+    epi.before = generation_;
+    result =
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<TrimResult> {
+      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      std::vector<Unmap> unmaps;
+      while (
+          ledger_.idle_pages_listed().value() > 0 &&
+          (max_pages <= 0 || static_cast<int64_t>(unmaps.size()) < max_pages)) {
+        const PageId p = ledger_.idle_list().front();
+        ledger_.BeginUnmap(p, Landing::kFreeBack);
+        unmaps.push_back({p});
+      }
+      TrimResult out;
+      out.pages_unmapped = CompleteUnmapsLocked(&unmaps, &epi.log);
+      if (failed_) return CheckUsableLocked();
+      out.generation = generation_;
+      return out;
+    }();
+    CloseLocked(&epi);
+  }
+  RunEpilogue(epi);
+  return result;
+}
+
+absl::StatusOr<std::vector<PageOccupancy>> PagePool::GetPageOccupancy(
+    const std::vector<PageId>& page_ids) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return CheckUsableLocked();
+  const int64_t T = geometry_.page_count().value();
+  std::vector<PageOccupancy> out;
+  out.reserve(page_ids.size());
+  for (PageId p : page_ids) {
+    if (p < 0 || p >= T) {
+      return InvalidField("page_ids",
+                          absl::StrCat("page ", p, " is outside [0, ", T, ")"));
+    }
+    const PageLedger::Page& page = ledger_.page(p);
+    PageOccupancy o;
+    o.page_id = p;
+    o.usable_blocks = BlockCount(page.usable);
+    o.allocated_blocks = BlockCount(page.allocated);
+    o.reserved_blocks = BlockCount(page.reserved);
+    o.state = page.state;
+    out.push_back(o);
+  }
+  return out;
+}
+
+}  // namespace kvbroker
