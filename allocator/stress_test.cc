@@ -413,6 +413,12 @@ TEST(StressTest, ConcurrentOperationsKeepOwnershipAndExactCapacity) {
     }
     EXPECT_EQ(shared.held(), 0u);
     broker->StopWorker();
+    // The worker's last budget refresh may have read the driver while a
+    // page was charged but not yet created, which leaves the budget one
+    // bundle too generous until the next refresh (docs/design.md, "Device
+    // budgets"). The exactness checked below is that of a quiet machine, so
+    // the view is refreshed once everything has stopped.
+    ASSERT_TRUE(broker->budgets()->RefreshAll().ok());
     std::map<std::string, int64_t> counts;
     for (auto& w : workers) {
       for (const auto& [k, v] : w->counts()) counts[k] += v;
