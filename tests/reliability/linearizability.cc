@@ -109,9 +109,53 @@ bool Matches(const Operation& op, const MOutcome& want) {
 }  // namespace
 
 bool PoolSpec::Apply(const Operation& op) {
-  // Between an unmap's state change and its landing only Capacity is
-  // modelled.
-  if (!unmapping_.empty() && op.kind != OpKind::kCapacity) return false;
+  return unmapping_.empty() ? ApplyToModel(op) : ApplyDuringUnmap(op);
+}
+
+bool PoolSpec::ApplyDuringUnmap(const Operation& op) {
+  switch (op.kind) {
+    case OpKind::kCapacity: return ApplyToModel(op);
+    // The pool's SetMemoryLimit waits for every unmap in flight.
+    case OpKind::kSetMemoryLimit: return false;
+    case OpKind::kFree:
+    case OpKind::kRelease: {
+      // Only a call that unmaps nothing itself (else it is one more unmap,
+      // in two steps).
+      const int64_t mapped = model_.MappedPages();
+      return ApplyToModel(op) && model_.MappedPages() == mapped;
+    }
+    case OpKind::kAlloc:
+    case OpKind::kReserve: {
+      // The pages in flight are not available: a capacity refusal is right
+      // when the call needs more than the rest offers (a refusal changes
+      // nothing) ...
+      if (!op.ok() && IsCapacityReason(op.reason)) {
+        int64_t need = op.num_blocks;
+        if (op.kind == OpKind::kAlloc && !op.reservation_id.empty()) {
+          auto it = model_.reservations().find(op.reservation_id);
+          if (it != model_.reservations().end()) {
+            need -= static_cast<int64_t>(it->second.size());
+          }
+        }
+        if (need > AvailableBlocks()) return true;
+      }
+      // ... and a call served never gets a block of theirs.
+      if (!ApplyToModel(op)) return false;
+      for (int64_t b : op.result_ids) {
+        for (const auto& [index, pages] : unmapping_) {
+          if (std::find(pages.begin(), pages.end(), model_.page_of(b)) !=
+              pages.end()) {
+            return false;
+          }
+        }
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+bool PoolSpec::ApplyToModel(const Operation& op) {
   switch (op.kind) {
     case OpKind::kAlloc:
       return Matches(op, op.reservation_id.empty()
@@ -203,7 +247,9 @@ bool PoolSpec::BeginUnmap(int index, const Operation& op) {
     mapped[p] = s == reference::MPage::kIdle || s == reference::MPage::kOpen ||
                 s == reference::MPage::kFull;
   }
-  if (!Apply(op)) return false;
+  // (SetMemoryLimit waits for the unmaps in flight.)
+  if (op.kind == OpKind::kSetMemoryLimit && !unmapping_.empty()) return false;
+  if (!ApplyToModel(op)) return false;
   std::vector<int64_t> pages;
   for (int64_t p = 0; p < model_.page_count(); ++p) {
     const reference::MPage s = model_.page_state(p);
@@ -218,8 +264,8 @@ bool PoolSpec::BeginUnmap(int index, const Operation& op) {
 }
 
 bool PoolSpec::Begin(int index, const Operation& op) {
-  if (!unmapping_.empty()) return false;
   if (BeginUnmap(index, op)) return true;
+  if (!unmapping_.empty()) return false;
   const bool alloc = op.kind == OpKind::kAlloc && op.reservation_id.empty();
   if (!op.ok() || (!alloc && op.kind != OpKind::kReserve)) return false;
   if (op.kind == OpKind::kReserve &&

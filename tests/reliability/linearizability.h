@@ -37,7 +37,10 @@
 // Unmapping mirrors this: a Free, ReleaseReservation or SetMemoryLimit that
 // unmaps pages may be linearized as its state change (its pages in flight:
 // neither available nor free, still charged to the budget) and, later in
-// its interval, their landing; only Capacity may come between the two.
+// its interval, their landing; between the two, the pages are not available
+// to other calls and no call may set the limit or map pages. (Pages land on
+// their lists in the model's order, that of the state changes; the pool
+// lands them as their unmaps finish.)
 //
 // Thread safety: none; histories are checked after they are recorded.
 
@@ -146,6 +149,10 @@ class PoolSpec final : public Spec {
     reference::MInFlight in_flight;
     std::string reservation;  // a Reserve's recorded id
   };
+  bool ApplyToModel(const Operation& op);
+  // Apply while pages are being unmapped: the model shows them landed, the
+  // pool does not have them.
+  bool ApplyDuringUnmap(const Operation& op);
   // Capacity's available blocks, with pages being unmapped taken out.
   int64_t AvailableBlocks() const;
   bool BeginUnmap(int index, const Operation& op);

@@ -166,6 +166,15 @@ TEST(Checker, ACapacityMaySeeAFreeBeforeItsPageLands) {
                       Capacity(1, 4, 5, 3, 2)}));
   EXPECT_FALSE(Check({Alloc(0, 1, 2, 4, {0, 1, 2, 3}), Free(0, 3, 4, {0, 1}),
                       Capacity(1, 5, 6, 2, 2)}));
+  // A full pool: while page 0 is being unmapped an Alloc(1) is refused;
+  // once the Free returned it cannot be.
+  const Operation all = Alloc(0, 1, 2, 6, {0, 1, 2, 3, 4, 5});
+  EXPECT_TRUE(
+      Check({all, Free(0, 3, 6, {0, 1}),
+             Refused(Alloc(1, 4, 5, 1, {}), FailureReason::kPoolExhausted)}));
+  EXPECT_FALSE(
+      Check({all, Free(0, 3, 4, {0, 1}),
+             Refused(Alloc(1, 5, 6, 1, {}), FailureReason::kPoolExhausted)}));
 }
 
 // Many operations from a sequential run of the model, given overlapping
