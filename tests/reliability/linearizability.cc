@@ -109,6 +109,53 @@ bool Matches(const Operation& op, const MOutcome& want) {
 }  // namespace
 
 bool PoolSpec::Apply(const Operation& op) {
+  return unmapping_.empty() ? ApplyToModel(op) : ApplyDuringUnmap(op);
+}
+
+bool PoolSpec::ApplyDuringUnmap(const Operation& op) {
+  switch (op.kind) {
+    case OpKind::kCapacity: return ApplyToModel(op);
+    // The pool's SetMemoryLimit waits for every unmap in flight.
+    case OpKind::kSetMemoryLimit: return false;
+    case OpKind::kFree:
+    case OpKind::kRelease: {
+      // Only a call that unmaps nothing itself (else it is one more unmap,
+      // in two steps).
+      const int64_t mapped = model_.MappedPages();
+      return ApplyToModel(op) && model_.MappedPages() == mapped;
+    }
+    case OpKind::kAlloc:
+    case OpKind::kReserve: {
+      // The pages in flight are not available: a capacity refusal is right
+      // when the call needs more than the rest offers (a refusal changes
+      // nothing) ...
+      if (!op.ok() && IsCapacityReason(op.reason)) {
+        int64_t need = op.num_blocks;
+        if (op.kind == OpKind::kAlloc && !op.reservation_id.empty()) {
+          auto it = model_.reservations().find(op.reservation_id);
+          if (it != model_.reservations().end()) {
+            need -= static_cast<int64_t>(it->second.size());
+          }
+        }
+        if (need > AvailableBlocks()) return true;
+      }
+      // ... and a call served never gets a block of theirs.
+      if (!ApplyToModel(op)) return false;
+      for (int64_t b : op.result_ids) {
+        for (const auto& [index, pages] : unmapping_) {
+          if (std::find(pages.begin(), pages.end(), model_.page_of(b)) !=
+              pages.end()) {
+            return false;
+          }
+        }
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+bool PoolSpec::ApplyToModel(const Operation& op) {
   switch (op.kind) {
     case OpKind::kAlloc:
       return Matches(op, op.reservation_id.empty()
@@ -118,9 +165,7 @@ bool PoolSpec::Apply(const Operation& op) {
     case OpKind::kReserve: {
       // The model takes the id the pool assigned; an id it already holds
       // cannot be a new reservation's.
-      if (op.ok() && model_.reservations().count(op.result_reservation)) {
-        return false;
-      }
+      if (op.ok() && ReservationIdTaken(op.result_reservation)) return false;
       return Matches(op, model_.Reserve(op.num_blocks, op.result_reservation));
     }
     case OpKind::kFree: {
@@ -135,6 +180,8 @@ bool PoolSpec::Apply(const Operation& op) {
       return op.result_count == static_cast<int64_t>(want.ids.size());
     }
     case OpKind::kSetMemoryLimit: {
+      // The pool's SetMemoryLimit waits until no call has pages in flight.
+      if (!pending_.empty()) return false;
       const MLimitResult want =
           model_.SetMemoryLimit(op.limit_bytes, op.revision);
       if (!want.ok || !op.ok()) {
@@ -144,11 +191,108 @@ bool PoolSpec::Apply(const Operation& op) {
              op.target_pages == want.target_pages;
     }
     case OpKind::kCapacity:
-      return op.ok() && op.available_blocks == model_.AvailableBlocks() &&
+      return op.ok() && op.available_blocks == AvailableBlocks() &&
              op.allocated_blocks == model_.AllocatedBlocks() &&
              op.reserved_blocks == model_.ReservedBlocks();
   }
   return false;
+}
+
+bool PoolSpec::ReservationIdTaken(const std::string& id) const {
+  if (model_.reservations().count(id)) return true;
+  for (const auto& [index, p] : pending_) {
+    if (p.in_flight.owner == reference::MBlock::kReserved &&
+        p.reservation == id) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t PoolSpec::AvailableBlocks() const {
+  if (unmapping_.empty()) return model_.AvailableBlocks();
+  // Pages in flight are off every list and still charged to the budget.
+  std::vector<int64_t> away;
+  for (const auto& [index, pages] : unmapping_) {
+    away.insert(away.end(), pages.begin(), pages.end());
+  }
+  int64_t total = 0;
+  for (int64_t p = 0; p < model_.page_count(); ++p) {
+    if (model_.page_state(p) == reference::MPage::kOpen) {
+      total += model_.free_blocks(p);
+    }
+    if (model_.page_state(p) == reference::MPage::kIdle) {
+      total += model_.usable(p);
+    }
+  }
+  int64_t affordable = std::max<int64_t>(
+      0, model_.Affordable() - static_cast<int64_t>(away.size()));
+  for (int64_t p : model_.free_list()) {
+    if (affordable == 0) break;
+    if (std::find(away.begin(), away.end(), p) != away.end()) continue;
+    total += model_.usable(p);
+    --affordable;
+  }
+  return total;
+}
+
+bool PoolSpec::BeginUnmap(int index, const Operation& op) {
+  if (op.kind != OpKind::kFree && op.kind != OpKind::kRelease &&
+      op.kind != OpKind::kSetMemoryLimit) {
+    return false;
+  }
+  std::vector<bool> mapped(model_.page_count());
+  for (int64_t p = 0; p < model_.page_count(); ++p) {
+    const reference::MPage s = model_.page_state(p);
+    mapped[p] = s == reference::MPage::kIdle || s == reference::MPage::kOpen ||
+                s == reference::MPage::kFull;
+  }
+  // (SetMemoryLimit waits for the unmaps in flight.)
+  if (op.kind == OpKind::kSetMemoryLimit && !unmapping_.empty()) return false;
+  if (!ApplyToModel(op)) return false;
+  std::vector<int64_t> pages;
+  for (int64_t p = 0; p < model_.page_count(); ++p) {
+    const reference::MPage s = model_.page_state(p);
+    if (mapped[p] &&
+        (s == reference::MPage::kFree || s == reference::MPage::kReclaimed)) {
+      pages.push_back(p);
+    }
+  }
+  if (pages.empty()) return false;
+  unmapping_[index] = std::move(pages);
+  return true;
+}
+
+bool PoolSpec::Begin(int index, const Operation& op) {
+  if (BeginUnmap(index, op)) return true;
+  if (!unmapping_.empty()) return false;
+  const bool alloc = op.kind == OpKind::kAlloc && op.reservation_id.empty();
+  if (!op.ok() || (!alloc && op.kind != OpKind::kReserve)) return false;
+  if (op.kind == OpKind::kReserve &&
+      ReservationIdTaken(op.result_reservation)) {
+    return false;
+  }
+  if (!model_.WouldMap(op.num_blocks)) return false;
+  reference::MInFlight f =
+      model_.BeginAcquire(op.num_blocks, alloc ? reference::MBlock::kAllocated
+                                               : reference::MBlock::kReserved);
+  for (int64_t b : f.taken) {
+    if (!std::binary_search(op.result_ids.begin(), op.result_ids.end(), b)) {
+      return false;
+    }
+  }
+  pending_[index] = {std::move(f), alloc ? "" : op.result_reservation};
+  return true;
+}
+
+bool PoolSpec::Commit(int index, const Operation& op) {
+  if (unmapping_.erase(index) > 0) return true;
+  auto it = pending_.find(index);
+  if (it == pending_.end()) return false;
+  const MOutcome got =
+      model_.CommitAcquire(it->second.in_flight, it->second.reservation);
+  pending_.erase(it);
+  return got.ids == op.result_ids;
 }
 
 std::string PoolSpec::Fingerprint() const {
@@ -171,6 +315,16 @@ std::string PoolSpec::Fingerprint() const {
                   model_.target_pages());
   for (const auto& [id, blocks] : model_.reservations()) {
     absl::StrAppend(&f, "|", id, ":", absl::StrJoin(blocks, ","));
+  }
+  for (const auto& [index, pages] : unmapping_) {
+    absl::StrAppend(&f, "|U", index, ":", absl::StrJoin(pages, ","));
+  }
+  for (const auto& [index, p] : pending_) {
+    const reference::MInFlight& g = p.in_flight;
+    absl::StrAppend(
+        &f, "|P", index, ":", static_cast<int>(g.owner), ":",
+        absl::StrJoin(g.taken, ","), ":", absl::StrJoin(g.from_idle, ","), ":",
+        absl::StrJoin(g.pages, ","), ":", g.fresh_need, ":", p.reservation);
   }
   return f;
 }
@@ -233,9 +387,13 @@ CheckResult CheckLinearizable(const History& history, const Spec& initial) {
     prev = e;
   }
 
+  // linearized[i]: '0' pending, 'b' begun (first of two steps done), '1'
+  // linearized. A call stays in the list until it is linearized.
   struct Frame {
     Event* call;
-    std::unique_ptr<Spec> state;  // the state before the call
+    int choice;                   // 0: one step or commit; 1: begin
+    char before;                  // linearized[call->op] before the step
+    std::unique_ptr<Spec> state;  // the state before the step
   };
   std::vector<Frame> stack;
   std::unique_ptr<Spec> state = initial.Clone();
@@ -243,36 +401,57 @@ CheckResult CheckLinearizable(const History& history, const Spec& initial) {
   std::unordered_set<std::string> seen;
 
   Event* entry = head->next;
+  int choice = 0;
   while (head->next != nullptr) {
-    if (entry->is_call) {
+    const int i = entry->op;
+    const bool begun = linearized[i] == 'b';
+    if (entry->is_call && choice == 1 && begun) choice = 2;
+    if (entry->is_call && choice < 2) {
       std::unique_ptr<Spec> next = state->Clone();
-      if (next->Apply(history[entry->op])) {
-        linearized[entry->op] = '1';
+      bool ok = false;
+      if (choice == 0) {
+        ok = begun ? next->Commit(i, history[i]) : next->Apply(history[i]);
+      } else if (!begun) {
+        ok = next->Begin(i, history[i]);
+      }
+      if (ok) {
+        const char before = linearized[i];
+        linearized[i] = choice == 0 ? '1' : 'b';
         std::string key = absl::StrCat(linearized, "#", next->Fingerprint());
         if (seen.insert(std::move(key)).second) {
           ++result.explored;
-          stack.push_back({entry, std::move(state)});
+          stack.push_back({entry, choice, before, std::move(state)});
           state = std::move(next);
-          Lift(entry);
+          if (choice == 0) Lift(entry);
           entry = head->next;
+          choice = 0;
           continue;
         }
-        linearized[entry->op] = '0';
+        linearized[i] = before;
       }
-      entry = entry->next;
-    } else {
-      // A return whose call is still pending: undo the last choice.
-      if (stack.empty()) return result;
-      Frame frame = std::move(stack.back());
-      stack.pop_back();
-      state = std::move(frame.state);
-      linearized[frame.call->op] = '0';
-      Unlift(frame.call);
-      entry = frame.call->next;
+      ++choice;
+      continue;
     }
+    if (entry->is_call) {
+      entry = entry->next;
+      choice = 0;
+      continue;
+    }
+    // A return whose call is not linearized yet: undo the last step and try
+    // that call's next choice.
+    if (stack.empty()) return result;
+    Frame frame = std::move(stack.back());
+    stack.pop_back();
+    state = std::move(frame.state);
+    linearized[frame.call->op] = frame.before;
+    if (frame.choice == 0) Unlift(frame.call);
+    entry = frame.call;
+    choice = frame.choice + 1;
   }
   result.linearizable = true;
-  for (const Frame& f : stack) result.order.push_back(f.call->op);
+  for (const Frame& f : stack) {
+    if (f.choice == 0) result.order.push_back(f.call->op);
+  }
   return result;
 }
 

@@ -28,12 +28,27 @@
 //   SetMemoryLimit     the same outcome and target pages;
 //   Capacity           the same available, allocated and reserved blocks.
 //
+// An Alloc or Reserve that maps pages holds them in flight between taking its
+// blocks and committing (docs/design.md, "The mapping transaction"), and a
+// concurrent Capacity may observe that state. So a successful such call may
+// also be linearized as two steps inside its interval: Begin (the model's
+// BeginAcquire) and Commit (CommitAcquire), with other operations between
+// them; the state key of the memoized search includes every begun call.
+// Unmapping mirrors this: a Free, ReleaseReservation or SetMemoryLimit that
+// unmaps pages may be linearized as its state change (its pages in flight:
+// neither available nor free, still charged to the budget) and, later in
+// its interval, their landing; between the two, the pages are not available
+// to other calls and no call may set the limit or map pages. (Pages land on
+// their lists in the model's order, that of the state changes; the pool
+// lands them as their unmaps finish.)
+//
 // Thread safety: none; histories are checked after they are recorded.
 
 #ifndef KVBROKER_TESTS_RELIABILITY_LINEARIZABILITY_H_
 #define KVBROKER_TESTS_RELIABILITY_LINEARIZABILITY_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,8 +109,23 @@ class Spec {
   // state predicts; otherwise returns false (the state is then unspecified
   // and the caller discards it).
   virtual bool Apply(const Operation& op) = 0;
-  // Equal for equal states, different otherwise.
+  // Equal for equal states (pending two-step calls included), different
+  // otherwise.
   virtual std::string Fingerprint() const = 0;
+  // The first of two steps of history operation `index`: returns true when
+  // `op` may start in flight here (the state then holds it pending).
+  virtual bool Begin(int index, const Operation& op) {
+    (void)index;
+    (void)op;
+    return false;
+  }
+  // The second step. REQUIRES: Begin(index, op) returned true earlier.
+  // Returns true when the recorded outcome is what the state predicts.
+  virtual bool Commit(int index, const Operation& op) {
+    (void)index;
+    (void)op;
+    return false;
+  }
 };
 
 // One pool, as the reference model sees it.
@@ -107,9 +137,34 @@ class PoolSpec final : public Spec {
   }
   bool Apply(const Operation& op) override;
   std::string Fingerprint() const override;
+  // A successful Alloc (not from a reservation) or Reserve that would map:
+  // BeginAcquire, whose taken blocks must all be among the recorded ids.
+  // Or an operation that unmaps pages: Apply, with those pages in flight.
+  bool Begin(int index, const Operation& op) override;
+  // CommitAcquire must return exactly the recorded ids; an unmap lands.
+  bool Commit(int index, const Operation& op) override;
 
  private:
+  struct Pending {
+    reference::MInFlight in_flight;
+    std::string reservation;  // a Reserve's recorded id
+  };
+  bool ApplyToModel(const Operation& op);
+  // Apply while pages are being unmapped: the model shows them landed, the
+  // pool does not have them.
+  bool ApplyDuringUnmap(const Operation& op);
+  // Capacity's available blocks, with pages being unmapped taken out.
+  int64_t AvailableBlocks() const;
+  bool BeginUnmap(int index, const Operation& op);
+  // An id the model holds, or a begun Reserve will record.
+  bool ReservationIdTaken(const std::string& id) const;
+
   reference::ReferenceModel model_;
+  // Calls begun and not yet committed, by history index.
+  std::map<int, Pending> pending_;
+  // Pages being unmapped, by history index of the call; the model already
+  // shows them landed.
+  std::map<int, std::vector<int64_t>> unmapping_;
 };
 
 struct CheckResult {

@@ -106,8 +106,12 @@ TEST(Checker, RejectsABlockHandedOutTwice) {
 }
 
 TEST(Checker, RejectsARefusalThatNoOrderExplains) {
-  // Six blocks, two calls of three: neither can be refused.
+  // Six blocks, two calls of three, one after the other: the second cannot
+  // be refused. (Overlapping, it can: the first holds two pages in flight.)
   EXPECT_FALSE(
+      Check({Alloc(0, 1, 2, 3, {0, 1, 2}),
+             Refused(Alloc(1, 3, 4, 3, {}), FailureReason::kPoolExhausted)}));
+  EXPECT_TRUE(
       Check({Alloc(0, 1, 3, 3, {0, 1, 2}),
              Refused(Alloc(1, 2, 4, 3, {}), FailureReason::kPoolExhausted)}));
   // With a third call taking a block concurrently, one order refuses it.
@@ -129,6 +133,48 @@ TEST(Checker, AFreeMakesItsBlockAvailableOnlyAfterIt) {
   Operation refused = Free(0, 1, 2, {5});
   refused.reason = FailureReason::kBlockNotAllocated;
   EXPECT_TRUE(Check({refused}));
+}
+
+TEST(Checker, ACapacityMaySeeAnAllocBetweenTakeAndCommit) {
+  // After Alloc(1) -> [0], Alloc(3) takes block 1 of the OPEN page 0 and
+  // maps page 1. In between, page 1 is in flight: only page 2 is available
+  // (2 blocks) and blocks 0 and 1 are allocated. Before the call the pool
+  // reports 5 and 1, after it 2 and 4.
+  const History h = {Alloc(0, 1, 2, 1, {0}), Alloc(0, 3, 6, 3, {1, 2, 3}),
+                     Capacity(1, 4, 5, 2, 2)};
+  const CheckResult r = CheckLinearizable(h, PoolSpec(Config()));
+  EXPECT_TRUE(r.linearizable);
+  EXPECT_EQ(r.order, (std::vector<int>{0, 2, 1}));
+  // A state no step of the call produces: block 1 taken, yet page 1
+  // counted as available.
+  EXPECT_FALSE(Check({Alloc(0, 1, 2, 1, {0}), Alloc(0, 3, 6, 3, {1, 2, 3}),
+                      Capacity(1, 4, 5, 4, 2)}));
+  // The in-flight reading after the call returned.
+  EXPECT_FALSE(Check({Alloc(0, 1, 2, 1, {0}), Alloc(0, 3, 4, 3, {1, 2, 3}),
+                      Capacity(1, 5, 6, 2, 2)}));
+}
+
+TEST(Checker, ACapacityMaySeeAFreeBeforeItsPageLands) {
+  // Free(0, 1) empties page 0; while it is being unmapped it is neither
+  // free nor available: 2 available (page 2), 2 allocated. Landed at the
+  // back of the FREE list it makes 4 available.
+  EXPECT_TRUE(Check({Alloc(0, 1, 2, 4, {0, 1, 2, 3}), Free(0, 3, 6, {0, 1}),
+                     Capacity(1, 4, 5, 2, 2)}));
+  EXPECT_TRUE(Check({Alloc(0, 1, 2, 4, {0, 1, 2, 3}), Free(0, 3, 6, {0, 1}),
+                     Capacity(1, 4, 5, 4, 2)}));
+  EXPECT_FALSE(Check({Alloc(0, 1, 2, 4, {0, 1, 2, 3}), Free(0, 3, 6, {0, 1}),
+                      Capacity(1, 4, 5, 3, 2)}));
+  EXPECT_FALSE(Check({Alloc(0, 1, 2, 4, {0, 1, 2, 3}), Free(0, 3, 4, {0, 1}),
+                      Capacity(1, 5, 6, 2, 2)}));
+  // A full pool: while page 0 is being unmapped an Alloc(1) is refused;
+  // once the Free returned it cannot be.
+  const Operation all = Alloc(0, 1, 2, 6, {0, 1, 2, 3, 4, 5});
+  EXPECT_TRUE(
+      Check({all, Free(0, 3, 6, {0, 1}),
+             Refused(Alloc(1, 4, 5, 1, {}), FailureReason::kPoolExhausted)}));
+  EXPECT_FALSE(
+      Check({all, Free(0, 3, 4, {0, 1}),
+             Refused(Alloc(1, 5, 6, 1, {}), FailureReason::kPoolExhausted)}));
 }
 
 // Many operations from a sequential run of the model, given overlapping
