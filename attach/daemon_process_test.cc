@@ -22,11 +22,14 @@
 #include "attach/frame.h"
 #include "attach/testing/child_process.h"
 #include "attach/testing/fd_count.h"
+#include "attach/testing/raw_packet.h"
 #include "engine/session.h"
 #include "gtest/gtest.h"
 
 namespace kvbroker::attach {
 namespace {
+
+using ::kvbroker::testing::SendRaw;
 
 using ::kvbroker::testing::ChildProcess;
 using ::kvbroker::testing::CountOpenFds;
@@ -46,27 +49,6 @@ std::string Packet(const v1::Frame& f) {
   return Header(body.size()) + body;
 }
 
-// One raw packet with `fds`, as a misbehaving engine would send it.
-void SendRaw(int socket, const std::string& bytes,
-             const std::vector<int>& fds = {}) {
-  iovec iov = {const_cast<char*>(bytes.data()), bytes.size()};
-  msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-  if (!fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  ASSERT_EQ(sendmsg(socket, &msg, MSG_NOSIGNAL),
-            static_cast<ssize_t>(bytes.size()))
-      << strerror(errno);
-}
 
 class DaemonProcessTest : public ::testing::Test {
  protected:

@@ -16,10 +16,13 @@
 
 #include "allocator/failure.h"
 #include "attach/testing/fd_count.h"
+#include "attach/testing/raw_packet.h"
 #include "gtest/gtest.h"
 
 namespace kvbroker::attach {
 namespace {
+
+using ::kvbroker::testing::SendRaw;
 
 using ::kvbroker::testing::CountOpenFds;
 
@@ -43,27 +46,6 @@ std::string Header(uint32_t length) {
   return h;
 }
 
-// Sends raw bytes with `fds` in one packet, bypassing FrameChannel.
-void SendRaw(int socket, const std::string& bytes,
-             const std::vector<int>& fds = {}) {
-  iovec iov = {const_cast<char*>(bytes.data()), bytes.size()};
-  msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-  if (!fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  ASSERT_EQ(sendmsg(socket, &msg, MSG_NOSIGNAL),
-            static_cast<ssize_t>(bytes.size()))
-      << strerror(errno);
-}
 
 std::string Serialized(const v1::Frame& frame) {
   std::string body = frame.SerializeAsString();
