@@ -76,10 +76,12 @@ size_t Append(char* data, size_t size, size_t n, void* out) {
   return size * n;
 }
 
+// `ca_file` non-empty: an https URL's server must chain to it.
 HttpResult Http(const std::string& method, const std::string& url,
-                const std::string& body) {
+                const std::string& body, const std::string& ca_file = "") {
   HttpResult r;
   CURL* curl = curl_easy_init();
+  if (!ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, ca_file.c_str());
   curl_slist* headers =
       curl_slist_append(nullptr, "Content-Type: application/json");
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
@@ -714,7 +716,11 @@ TEST(ExtenderSecurity, TlsAndBearerTokensToBrokers) {
 // The kvbroker-extender binary: flags, the in-cluster credentials files,
 // /healthz, a filter, and SIGTERM.
 
-TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
+// Runs the binary with the fake API's flags and `extra` ones against one
+// broker on node-b: /healthz, a filter, /readyz, then SIGTERM and exit 0.
+// `ca_file` non-empty: it serves HTTPS with a certificate from that CA.
+void ServeFromFlags(const std::vector<std::string>& extra,
+                    const std::string& ca_file) {
   auto b = StartBroker(kRoomyPools);
   ASSERT_TRUE(b);
   FakeKubeApi api("binary-token");
@@ -733,6 +739,7 @@ TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
       absl::StrCat("--broker_namespace=", FakeKubeApi::kBrokerNamespace),
       absl::StrCat("--broker_selector=", FakeKubeApi::kBrokerSelector),
       "--score_policy=least_free"};
+  args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -759,10 +766,19 @@ TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
       line.substr(prefix.size(), line.find(' ', prefix.size()) - prefix.size()),
       &port))
       << line;
-  const std::string base = absl::StrCat("http://127.0.0.1:", port);
-  EXPECT_EQ(Http("GET", base + "/healthz", "").body, "ok\n");
+  const bool https = !ca_file.empty();
+  EXPECT_THAT(line, HasSubstr(https ? "(HTTPS, " : "(HTTP, "));
+  const std::string base =
+      absl::StrCat(https ? "https" : "http", "://127.0.0.1:", port);
+  EXPECT_EQ(Http("GET", base + "/healthz", "", ca_file).body, "ok\n");
+  if (https) {  // nothing in plain HTTP
+    EXPECT_EQ(
+        Http("GET", absl::StrCat("http://127.0.0.1:", port, "/healthz"), "")
+            .code,
+        0);
+  }
   HttpResult f = Http("POST", base + "/filter",
-                      Rig::Args(api.Pod("serving", "p"), {"node-b"}));
+                      Rig::Args(api.Pod("serving", "p"), {"node-b"}), ca_file);
   EXPECT_EQ(f.code, 200);
   EXPECT_EQ(f.doc["FailedAndUnresolvableNodes"],
             json({{"node-b",
@@ -770,7 +786,7 @@ TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
                    "available_blocks=16 pool_total_blocks=16 "
                    "reserved_blocks=0 allocated_blocks=0"}}))
       << f.body;
-  EXPECT_EQ(Http("GET", base + "/readyz", "").code, 200);
+  EXPECT_EQ(Http("GET", base + "/readyz", "", ca_file).code, 200);
   kill(pid, SIGTERM);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
@@ -778,6 +794,16 @@ TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
   close(out[0]);
   EXPECT_THAT(api.violations(), ::testing::IsEmpty());
+}
+
+TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
+  ServeFromFlags({}, "");
+}
+
+TEST(ExtenderBinary, ServesHttpsWithTlsCertAndKey) {
+  ServeFromFlags({"--tls_cert=" + Runfile("client/testdata/server.pem"),
+                  "--tls_key=" + Runfile("client/testdata/server.key")},
+                 Runfile("client/testdata/ca.pem"));
 }
 
 }  // namespace
