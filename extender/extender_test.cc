@@ -162,6 +162,11 @@ class Rig {
 
   FakeKubeApi& api() { return api_; }
   Extender& extender() { return *extender_; }
+  // A second extender over the same API and brokers, sharing no memory
+  // with the first: another replica, or the first after a restart.
+  std::unique_ptr<Extender> Replica(ExtenderOptions options = {}) {
+    return std::make_unique<Extender>(directory_.get(), kube_.get(), options);
+  }
 
   HttpResult Post(const std::string& verb, const std::string& body) {
     return Http("POST",
@@ -425,6 +430,9 @@ TEST(ExtenderBind, AFailedBindingReleasesItsReservation) {
   EXPECT_THAT(rig.Get("/metrics").body,
               HasSubstr("kvbroker_extender_reservations_released_total 1"));
 
+  EXPECT_EQ(rig.api().Annotations("serving", "llm-3")[kReleasedBindsAnnotation],
+            "1");
+
   // The scheduler retries once the API accepts: a new reservation, not a
   // replay of the released one.
   rig.api().RefuseBindings(0);
@@ -432,6 +440,60 @@ TEST(ExtenderBind, AFailedBindingReleasesItsReservation) {
   EXPECT_EQ(bound.doc, json({{"Error", ""}})) << bound.body;
   EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
   EXPECT_EQ(rig.api().bindings().size(), 1u);
+}
+
+TEST(ExtenderBind, AnotherReplicaRetriesAReleasedBindWithoutReplayingIt) {
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  Rig rig;
+  rig.api().AddBroker("node-b", b->port());
+  rig.api().AddPod("serving", "llm-r", "uid-llm-r",
+                   Asks("kv", "kvbroker.io/blocks", "4"));
+  // Two binds fail on the first replica: two reservations made and released.
+  rig.api().RefuseBindings(500);
+  for (int i = 0; i < 2; ++i) {
+    HttpResult failed = rig.Bind("llm-r", "node-b");
+    EXPECT_THAT(failed.doc["Error"].get<std::string>(),
+                StartsWith("binding_failed: "));
+  }
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
+  EXPECT_EQ(rig.api().Annotations("serving", "llm-r")[kReleasedBindsAnnotation],
+            "2");
+
+  // A replica that never saw them binds: it reserves under "uid-llm-r/2",
+  // a new reservation, rather than replaying one of the released ones.
+  rig.api().RefuseBindings(0);
+  std::unique_ptr<Extender> replica = rig.Replica();
+  HttpRequest request;
+  request.method = "POST";
+  request.path = "/bind";
+  request.body = json{
+      {"PodName", "llm-r"},
+      {"PodNamespace", "serving"},
+      {"PodUID", "uid-llm-r"},
+      {"Node",
+       "node-b"}}.dump();
+  HttpResponse bound = replica->Handle(request);
+  EXPECT_EQ(bound.code, 200);
+  EXPECT_EQ(bound.body, R"({"Error":""})");
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+  ASSERT_EQ(rig.api().bindings().size(), 1u);
+  // The reservation on the pod is live: releasing it returns 4 blocks.
+  const std::string reservation =
+      rig.api().Annotations("serving", "llm-r")[kReservationAnnotation];
+  absl::StatusOr<v1::ReleaseReservationResponse> released =
+      ClientOf(*b)->ReleaseReservation("kv", reservation);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->released_blocks(), 4);
+  // Reserve under the id the replica used replays that same reservation.
+  ReserveOptions same;
+  same.request_id = "uid-llm-r/2";
+  same.ttl = ExtenderOptions().reservation_ttl;
+  absl::StatusOr<v1::ReserveResponse> replay =
+      ClientOf(*b)->Reserve("kv", 4, same);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_TRUE(replay->replayed());
+  EXPECT_EQ(replay->reservation_id(), reservation);
 }
 
 TEST(ExtenderBind, AFailedPatchReleasesItsReservation) {
