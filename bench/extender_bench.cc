@@ -1,9 +1,11 @@
 // extender_bench: kvbroker-extender's filter against 1, 8 and 32 brokers
 // (kvbrokerd processes on this machine, one per node), next to one
-// Capacity RPC to one of them, in the same run.
+// Capacity RPC to one of them, in the same run. The baseline is that call on
+// the client stack the filter itself uses (the async stub, one completion
+// queue); the client library's blocking call is shown beside it.
 //
-// Every round interleaves the calls one by one (Capacity, then filter over
-// 1, 8 and 32 nodes), so that all see the same moment of the machine; the
+// Every round interleaves the calls one by one (each kind once per pass, in
+// a shuffled order), so that all see the same moment of the machine; the
 // table reports the median over rounds of each call's p50 and p99 and of
 // their ratio to the Capacity RPC's p50 / p99 in that round. The filter is
 // measured twice: the extender's own work (Extender::Filter on a request
@@ -12,19 +14,28 @@
 // The floor rows start the same N Capacity calls together on one completion
 // queue with nothing else: what the machine itself charges for asking N
 // broker processes at once. Targets: filter <= 2 x one Capacity at 8
-// brokers, <= 4 x at 32.
+// brokers, <= 4 x at 32. Last, the CPU each Capacity RPC cost the brokers
+// and this process, and their context switches, over the measured rounds.
 //
 //   bazel run -c opt //bench:extender_bench -- --rounds=10 --calls=200
+//
+// To hold everything (brokers, extender, client) to two cores of a larger
+// host: `taskset -c 0,1 bazel-bin/bench/extender_bench` (the brokers are
+// children and inherit the affinity).
 
 #include <curl/curl.h>
 #include <grpcpp/completion_queue.h>
 #include <grpcpp/support/async_unary_call.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -32,6 +43,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/kvbroker_client.h"
@@ -78,6 +91,56 @@ double Pct(std::vector<double> v, int q) {
 
 double Median(std::vector<double> v) { return Pct(std::move(v), 50); }
 
+// CPU time and context switches, summed over processes (all their threads).
+struct CpuUse {
+  double cpu_us = 0;
+  double voluntary = 0;
+  double involuntary = 0;
+  CpuUse operator-(const CpuUse& o) const {
+    return {cpu_us - o.cpu_us, voluntary - o.voluntary,
+            involuntary - o.involuntary};
+  }
+};
+
+// From /proc: utime + stime of the process (its exited threads included),
+// and the context switches of its live threads.
+CpuUse ProcessesCpu(const std::vector<pid_t>& pids) {
+  const double tick_us = 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  CpuUse use;
+  for (pid_t pid : pids) {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    std::getline(stat, line);
+    // Fields after the command's closing parenthesis: state is field 3,
+    // utime 14, stime 15.
+    std::vector<std::string> f =
+        absl::StrSplit(line.substr(line.rfind(')') + 2), ' ');
+    if (f.size() < 13) Die(absl::StrCat("cannot parse /proc/", pid, "/stat"));
+    use.cpu_us += (std::stod(f[11]) + std::stod(f[12])) * tick_us;
+    for (const auto& task : std::filesystem::directory_iterator(
+             absl::StrCat("/proc/", pid, "/task"))) {
+      std::ifstream status(task.path() / "status");
+      while (std::getline(status, line)) {
+        absl::string_view rest = line;
+        if (absl::ConsumePrefix(&rest, "voluntary_ctxt_switches:")) {
+          use.voluntary += std::stod(std::string(rest));
+        } else if (absl::ConsumePrefix(&rest, "nonvoluntary_ctxt_switches:")) {
+          use.involuntary += std::stod(std::string(rest));
+        }
+      }
+    }
+  }
+  return use;
+}
+
+CpuUse SelfCpu() {
+  rusage r{};
+  getrusage(RUSAGE_SELF, &r);
+  auto us = [](const timeval& t) { return t.tv_sec * 1e6 + t.tv_usec; };
+  return {us(r.ru_utime) + us(r.ru_stime), static_cast<double>(r.ru_nvcsw),
+          static_cast<double>(r.ru_nivcsw)};
+}
+
 int Run() {
   constexpr int kMaxNodes = 32;
   std::printf("starting %d kvbrokerd processes (host backend)...\n", kMaxNodes);
@@ -123,9 +186,9 @@ int Run() {
                                             nodes.begin(), nodes.begin() + n)}}
                          .dump());
   }
-  // The baseline: the directory's own client of node-0, as filter uses it.
+  // For reference: the same call through the client library (blocking).
   std::shared_ptr<const Broker> node0 = directory.Find("node-0").value();
-  auto capacity = [&] {
+  auto library_capacity = [&] {
     if (!node0->filter
              ->Capacity("kv", 0, CallOptions::WithTimeout(absl::Seconds(5)))
              .ok()) {
@@ -133,7 +196,9 @@ int Run() {
     }
   };
   // The floor: the same Capacity calls, started together on one completion
-  // queue with nothing around them (no directory, JSON or verdicts).
+  // queue with nothing around them (no directory, JSON or verdicts). With
+  // one call it is the baseline: one Capacity RPC on the client stack the
+  // filter uses (the async stub on a completion queue).
   std::vector<std::shared_ptr<const Broker>> all;
   for (const std::string& node : nodes)
     all.push_back(directory.Find(node).value());
@@ -166,6 +231,7 @@ int Run() {
     while (cq.Next(&tag, &ok)) {
     }
   };
+  auto capacity = [&] { raw_parallel(1); };
   auto filter = [&](size_t i) {
     HttpResponse r = extender.Filter(bodies[i]);
     if (r.code != 200 ||
@@ -199,6 +265,7 @@ int Run() {
   const int n = absl::GetFlag(FLAGS_calls);
   for (int i = 0; i < n / 4; ++i) {  // warm-up: channels connected
     capacity();
+    library_capacity();
     for (size_t s = 0; s < sizes.size(); ++s) {
       filter(s);
       http_filter(s);
@@ -210,7 +277,8 @@ int Run() {
     std::string name;
     std::vector<double> p50, p99, r50, r99;
   };
-  std::vector<Series> series = {{"Capacity RPC (baseline)"}};
+  std::vector<Series> series = {{"Capacity RPC (baseline)"},
+                                {"Capacity, client library"}};
   for (int s : sizes)
     series.push_back({absl::StrCat("filter, ", s, " broker(s)")});
   for (int s : sizes) {
@@ -219,16 +287,34 @@ int Run() {
   for (int s : sizes) {
     series.push_back({absl::StrCat("floor: ", s, " raw Capacity at once")});
   }
+  std::vector<pid_t> broker_pids;
+  for (const auto& b : brokers) broker_pids.push_back(b->pid());
+  const CpuUse brokers_before = ProcessesCpu(broker_pids);
+  const CpuUse self_before = SelfCpu();
+  int64_t broker_rpcs = 0;
+  // calls[k] makes one call of series[k].
+  std::vector<std::function<void()>> calls = {capacity, library_capacity};
+  int64_t rpcs_per_pass = 2;
+  for (size_t s = 0; s < sizes.size(); ++s)
+    calls.push_back([&, s] { filter(s); });
+  for (size_t s = 0; s < sizes.size(); ++s)
+    calls.push_back([&, s] { http_filter(s); });
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    calls.push_back([&, s] { raw_parallel(sizes[s]); });
+    rpcs_per_pass += 3 * sizes[s];
+  }
+  std::vector<size_t> order(calls.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::mt19937 random(1);
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     std::vector<std::vector<double>> t(series.size());
     for (int i = 0; i < n; ++i) {
-      t[0].push_back(timed(capacity));
-      for (size_t s = 0; s < sizes.size(); ++s) {
-        t[1 + s].push_back(timed([&] { filter(s); }));
-        t[1 + sizes.size() + s].push_back(timed([&] { http_filter(s); }));
-        t[1 + 2 * sizes.size() + s].push_back(
-            timed([&] { raw_parallel(sizes[s]); }));
-      }
+      // Each kind once, in a new order each time: a call right after a
+      // 32-node fan-out finds the brokers still settling, and no kind may
+      // always be the one that pays for it.
+      std::shuffle(order.begin(), order.end(), random);
+      for (size_t k : order) t[k].push_back(timed(calls[k]));
+      broker_rpcs += rpcs_per_pass;
     }
     const double base50 = Pct(t[0], 50), base99 = Pct(t[0], 99);
     for (size_t k = 0; k < series.size(); ++k) {
@@ -238,6 +324,8 @@ int Run() {
       series[k].r99.push_back(Pct(t[k], 99) / base99);
     }
   }
+  const CpuUse brokers_used = ProcessesCpu(broker_pids) - brokers_before;
+  const CpuUse self_used = SelfCpu() - self_before;
   curl_slist_free_all(headers);
   curl_easy_cleanup(curl);
 
@@ -249,6 +337,18 @@ int Run() {
     std::printf("%-28s %10.1f %10.1f %12.2f %12.2f\n", s.name.c_str(),
                 Median(s.p50), Median(s.p99), Median(s.r50), Median(s.r99));
   }
+  // Where the time goes: CPU per Capacity RPC on either side (the measured
+  // rounds only; this process includes its HTTP server and JSON).
+  const double rpcs = static_cast<double>(broker_rpcs);
+  std::printf(
+      "\nper Capacity RPC (%lld in the measured rounds):\n"
+      "  brokers:      %6.1f us CPU, %5.2f context switches "
+      "(%.2f voluntary)\n"
+      "  this process: %6.1f us CPU, %5.2f context switches\n",
+      static_cast<long long>(broker_rpcs), brokers_used.cpu_us / rpcs,
+      (brokers_used.voluntary + brokers_used.involuntary) / rpcs,
+      brokers_used.voluntary / rpcs, self_used.cpu_us / rpcs,
+      (self_used.voluntary + self_used.involuntary) / rpcs);
   return 0;
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -358,16 +359,23 @@ HttpResponse Extender::Prioritize(const std::string& body) {
   return Json(200, EncodeHostPriorityList(scores));
 }
 
-std::string Extender::ReserveRequestId(const std::string& uid) {
+int Extender::ReleasedBinds(const PodView& pod) {
+  int on_pod = 0;
+  auto a = pod.annotations.find(kReleasedBindsAnnotation);
+  if (a != pod.annotations.end() &&
+      (!absl::SimpleAtoi(a->second, &on_pod) || on_pod < 0)) {
+    on_pod = 0;  // not ours to trust; the count in memory still applies
+  }
   absl::MutexLock lock(&mu_);
-  auto it = released_pods_.find(uid);
-  return it == released_pods_.end() ? uid : absl::StrCat(uid, "/", it->second);
+  auto it = released_pods_.find(pod.uid);
+  return std::max(on_pod, it == released_pods_.end() ? 0 : it->second);
 }
 
-void Extender::NoteReleased(const std::string& uid) {
+void Extender::NoteReleased(const std::string& uid, int released) {
   absl::MutexLock lock(&mu_);
   if (released_pods_.size() >= kMaxReleasedPods) released_pods_.clear();
-  ++released_pods_[uid];
+  int& n = released_pods_[uid];
+  n = std::max(n, released);
 }
 
 HttpResponse Extender::Bind(const std::string& body) {
@@ -419,11 +427,12 @@ HttpResponse Extender::Bind(const std::string& body) {
     outcome(bound.ok() ? "bound" : "binding_failed");
     return Json(200, EncodeBindingResult(std::string(bound.message())));
   }
-  return Json(200, EncodeBindingResult(BindKvPod(*args, **request)));
+  return Json(200, EncodeBindingResult(
+                       BindKvPod(*args, **request, ReleasedBinds(*pod))));
 }
 
 std::string Extender::BindKvPod(const BindingArgs& args,
-                                const KvRequest& request) {
+                                const KvRequest& request, int released_binds) {
   auto outcome = [&](const std::string& name) {
     binds_.Add({{"outcome", name}}).Increment();
   };
@@ -449,7 +458,9 @@ std::string Extender::BindKvPod(const BindingArgs& args,
     blocks = CeilDiv(request.tokens, info->spec().tokens_per_block());
   }
   ReserveOptions reserve;
-  reserve.request_id = ReserveRequestId(args.pod_uid);
+  reserve.request_id = released_binds == 0
+                           ? args.pod_uid
+                           : absl::StrCat(args.pod_uid, "/", released_binds);
   reserve.ttl = options_.reservation_ttl;
   absl::StatusOr<v1::ReserveResponse> reservation =
       client.Reserve(request.pool, blocks, reserve, call());
@@ -484,13 +495,17 @@ std::string Extender::BindKvPod(const BindingArgs& args,
                                 call())
             .status();
     if (released.ok()) released_.Increment();
-    NoteReleased(args.pod_uid);
+    // The next attempt, by this replica or another, must not replay the
+    // released reservation: count it on the pod (and here, in case the
+    // API refuses this patch too).
+    NoteReleased(args.pod_uid, released_binds + 1);
+    std::map<std::string, std::optional<std::string>> undo_patch = {
+        {kReleasedBindsAnnotation, absl::StrCat(released_binds + 1)}};
     if (clear_annotations) {
-      std::map<std::string, std::optional<std::string>> clear;
-      for (const auto& [k, v] : annotations) clear[k] = std::nullopt;
-      (void)kube_->PatchPodAnnotations(args.pod_namespace, args.pod_name,
-                                       clear);
+      for (const auto& [k, v] : annotations) undo_patch[k] = std::nullopt;
     }
+    (void)kube_->PatchPodAnnotations(args.pod_namespace, args.pod_name,
+                                     undo_patch);
     outcome(failed);
     return absl::StrCat(failed, ": ", why.message(),
                         released.ok()

@@ -44,7 +44,9 @@
 // reservation, the patch writes the same values, and a pod already bound to
 // that node is success. After a bind that failed and released, the next
 // attempt for the same pod uses request_id "<uid>/<n>" so that it does not
-// replay the released reservation.
+// replay the released reservation; n is kept on the pod
+// (kvbroker.io/released-binds), so any replica, or the same one after a
+// restart, continues the count.
 //
 // HTTP (Handle): POST /filter, /prioritize, /bind; GET /healthz (200 while
 // serving), /readyz (200 once the broker pods have been listed), /metrics
@@ -142,12 +144,16 @@ class Extender {
   static NodeCheck Verdict(const KvRequest& request, const grpc::Status& status,
                            const v1::CapacityResponse& capacity,
                            const v1::GetPoolResponse& pool);
-  // The request id of the next Reserve for the pod.
-  std::string ReserveRequestId(const std::string& uid) ABSL_LOCKS_EXCLUDED(mu_);
-  void NoteReleased(const std::string& uid) ABSL_LOCKS_EXCLUDED(mu_);
+  // How many of the pod's binds reserved and then released: the larger of
+  // its kvbroker.io/released-binds annotation and this process's count.
+  int ReleasedBinds(const PodView& pod) ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteReleased(const std::string& uid, int released_binds)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Bind's steps after the pod was read; returns the protocol error ("" =
-  // bound).
-  std::string BindKvPod(const BindingArgs& args, const KvRequest& request);
+  // bound). Reserve's request id is the pod's UID, "<uid>/<n>" after n
+  // released binds.
+  std::string BindKvPod(const BindingArgs& args, const KvRequest& request,
+                        int released_binds);
   void Count(const std::string& verb, int code);
 
   BrokerDirectory* const directory_;
@@ -163,9 +169,9 @@ class Extender {
   prometheus::Family<prometheus::Gauge>& brokers_;
 
   absl::Mutex mu_;
-  // Pods whose bind reserved and then released: how many times. Bounded by
-  // kMaxReleasedPods (cleared when full: a stale entry only changes which
-  // request id a later bind uses).
+  // Pods whose bind reserved and then released: how many times, for when
+  // the pod's annotation could not be written. Bounded by kMaxReleasedPods
+  // (cleared when full: the annotation still counts).
   static constexpr size_t kMaxReleasedPods = 100000;
   absl::flat_hash_map<std::string, int> released_pods_ ABSL_GUARDED_BY(mu_);
 };

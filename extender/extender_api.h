@@ -59,6 +59,10 @@ inline constexpr char kReservationNodeAnnotation[] =
     "kvbroker.io/reservation-node";
 inline constexpr char kReservationExpiryAnnotation[] =
     "kvbroker.io/reservation-expire-time";
+// Written by a bind that reserved and then released (its patch or Binding
+// failed): how many times, so that the next bind reserves under a new
+// request id instead of replaying the released reservation.
+inline constexpr char kReleasedBindsAnnotation[] = "kvbroker.io/released-binds";
 
 // The broker's own bound on a pool's block ids.
 inline constexpr int64_t kMaxRequestBlocks = int64_t{1} << 27;

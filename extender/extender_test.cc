@@ -76,10 +76,12 @@ size_t Append(char* data, size_t size, size_t n, void* out) {
   return size * n;
 }
 
+// `ca_file` non-empty: an https URL's server must chain to it.
 HttpResult Http(const std::string& method, const std::string& url,
-                const std::string& body) {
+                const std::string& body, const std::string& ca_file = "") {
   HttpResult r;
   CURL* curl = curl_easy_init();
+  if (!ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, ca_file.c_str());
   curl_slist* headers =
       curl_slist_append(nullptr, "Content-Type: application/json");
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
@@ -160,6 +162,11 @@ class Rig {
 
   FakeKubeApi& api() { return api_; }
   Extender& extender() { return *extender_; }
+  // A second extender over the same API and brokers, sharing no memory
+  // with the first: another replica, or the first after a restart.
+  std::unique_ptr<Extender> Replica(ExtenderOptions options = {}) {
+    return std::make_unique<Extender>(directory_.get(), kube_.get(), options);
+  }
 
   HttpResult Post(const std::string& verb, const std::string& body) {
     return Http("POST",
@@ -423,6 +430,9 @@ TEST(ExtenderBind, AFailedBindingReleasesItsReservation) {
   EXPECT_THAT(rig.Get("/metrics").body,
               HasSubstr("kvbroker_extender_reservations_released_total 1"));
 
+  EXPECT_EQ(rig.api().Annotations("serving", "llm-3")[kReleasedBindsAnnotation],
+            "1");
+
   // The scheduler retries once the API accepts: a new reservation, not a
   // replay of the released one.
   rig.api().RefuseBindings(0);
@@ -430,6 +440,60 @@ TEST(ExtenderBind, AFailedBindingReleasesItsReservation) {
   EXPECT_EQ(bound.doc, json({{"Error", ""}})) << bound.body;
   EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
   EXPECT_EQ(rig.api().bindings().size(), 1u);
+}
+
+TEST(ExtenderBind, AnotherReplicaRetriesAReleasedBindWithoutReplayingIt) {
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  Rig rig;
+  rig.api().AddBroker("node-b", b->port());
+  rig.api().AddPod("serving", "llm-r", "uid-llm-r",
+                   Asks("kv", "kvbroker.io/blocks", "4"));
+  // Two binds fail on the first replica: two reservations made and released.
+  rig.api().RefuseBindings(500);
+  for (int i = 0; i < 2; ++i) {
+    HttpResult failed = rig.Bind("llm-r", "node-b");
+    EXPECT_THAT(failed.doc["Error"].get<std::string>(),
+                StartsWith("binding_failed: "));
+  }
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
+  EXPECT_EQ(rig.api().Annotations("serving", "llm-r")[kReleasedBindsAnnotation],
+            "2");
+
+  // A replica that never saw them binds: it reserves under "uid-llm-r/2",
+  // a new reservation, rather than replaying one of the released ones.
+  rig.api().RefuseBindings(0);
+  std::unique_ptr<Extender> replica = rig.Replica();
+  HttpRequest request;
+  request.method = "POST";
+  request.path = "/bind";
+  request.body = json{
+      {"PodName", "llm-r"},
+      {"PodNamespace", "serving"},
+      {"PodUID", "uid-llm-r"},
+      {"Node",
+       "node-b"}}.dump();
+  HttpResponse bound = replica->Handle(request);
+  EXPECT_EQ(bound.code, 200);
+  EXPECT_EQ(bound.body, R"({"Error":""})");
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+  ASSERT_EQ(rig.api().bindings().size(), 1u);
+  // The reservation on the pod is live: releasing it returns 4 blocks.
+  const std::string reservation =
+      rig.api().Annotations("serving", "llm-r")[kReservationAnnotation];
+  absl::StatusOr<v1::ReleaseReservationResponse> released =
+      ClientOf(*b)->ReleaseReservation("kv", reservation);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->released_blocks(), 4);
+  // Reserve under the id the replica used replays that same reservation.
+  ReserveOptions same;
+  same.request_id = "uid-llm-r/2";
+  same.ttl = ExtenderOptions().reservation_ttl;
+  absl::StatusOr<v1::ReserveResponse> replay =
+      ClientOf(*b)->Reserve("kv", 4, same);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_TRUE(replay->replayed());
+  EXPECT_EQ(replay->reservation_id(), reservation);
 }
 
 TEST(ExtenderBind, AFailedPatchReleasesItsReservation) {
@@ -714,7 +778,11 @@ TEST(ExtenderSecurity, TlsAndBearerTokensToBrokers) {
 // The kvbroker-extender binary: flags, the in-cluster credentials files,
 // /healthz, a filter, and SIGTERM.
 
-TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
+// Runs the binary with the fake API's flags and `extra` ones against one
+// broker on node-b: /healthz, a filter, /readyz, then SIGTERM and exit 0.
+// `ca_file` non-empty: it serves HTTPS with a certificate from that CA.
+void ServeFromFlags(const std::vector<std::string>& extra,
+                    const std::string& ca_file) {
   auto b = StartBroker(kRoomyPools);
   ASSERT_TRUE(b);
   FakeKubeApi api("binary-token");
@@ -733,6 +801,7 @@ TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
       absl::StrCat("--broker_namespace=", FakeKubeApi::kBrokerNamespace),
       absl::StrCat("--broker_selector=", FakeKubeApi::kBrokerSelector),
       "--score_policy=least_free"};
+  args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -759,10 +828,19 @@ TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
       line.substr(prefix.size(), line.find(' ', prefix.size()) - prefix.size()),
       &port))
       << line;
-  const std::string base = absl::StrCat("http://127.0.0.1:", port);
-  EXPECT_EQ(Http("GET", base + "/healthz", "").body, "ok\n");
+  const bool https = !ca_file.empty();
+  EXPECT_THAT(line, HasSubstr(https ? "(HTTPS, " : "(HTTP, "));
+  const std::string base =
+      absl::StrCat(https ? "https" : "http", "://127.0.0.1:", port);
+  EXPECT_EQ(Http("GET", base + "/healthz", "", ca_file).body, "ok\n");
+  if (https) {  // nothing in plain HTTP
+    EXPECT_EQ(
+        Http("GET", absl::StrCat("http://127.0.0.1:", port, "/healthz"), "")
+            .code,
+        0);
+  }
   HttpResult f = Http("POST", base + "/filter",
-                      Rig::Args(api.Pod("serving", "p"), {"node-b"}));
+                      Rig::Args(api.Pod("serving", "p"), {"node-b"}), ca_file);
   EXPECT_EQ(f.code, 200);
   EXPECT_EQ(f.doc["FailedAndUnresolvableNodes"],
             json({{"node-b",
@@ -770,7 +848,7 @@ TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
                    "available_blocks=16 pool_total_blocks=16 "
                    "reserved_blocks=0 allocated_blocks=0"}}))
       << f.body;
-  EXPECT_EQ(Http("GET", base + "/readyz", "").code, 200);
+  EXPECT_EQ(Http("GET", base + "/readyz", "", ca_file).code, 200);
   kill(pid, SIGTERM);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
@@ -778,6 +856,16 @@ TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
   close(out[0]);
   EXPECT_THAT(api.violations(), ::testing::IsEmpty());
+}
+
+TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {
+  ServeFromFlags({}, "");
+}
+
+TEST(ExtenderBinary, ServesHttpsWithTlsCertAndKey) {
+  ServeFromFlags({"--tls_cert=" + Runfile("client/testdata/server.pem"),
+                  "--tls_key=" + Runfile("client/testdata/server.key")},
+                 Runfile("client/testdata/ca.pem"));
 }
 
 }  // namespace

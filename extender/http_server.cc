@@ -8,9 +8,14 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 
+#include <cstdarg>
+#include <cstdio>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 
 namespace kvbroker {
 namespace extender {
@@ -58,6 +63,21 @@ void Completed(void* /*cls*/, MHD_Connection* /*connection*/, void** req_cls,
   *req_cls = nullptr;
 }
 
+// The library's error messages: kept in `*cls` (a std::string) while the
+// daemon starts, so that Start can say why it failed. Afterwards (the
+// logger is given a null string by then) they go to stderr: a client's
+// failed TLS handshake, an accept that failed.
+void Log(void* cls, const char* format, va_list args) {
+  char line[512];
+  std::vsnprintf(line, sizeof(line), format, args);
+  std::string* sink = static_cast<std::atomic<std::string*>*>(cls)->load();
+  if (sink != nullptr) {
+    sink->append(line);
+  } else {
+    std::fprintf(stderr, "http server: %s", line);
+  }
+}
+
 }  // namespace
 
 struct HttpServerCallbacks {
@@ -99,7 +119,11 @@ struct HttpServerCallbacks {
 };
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
-    const std::string& listen, Handler handler) {
+    const std::string& listen, Handler handler, HttpServerOptions options) {
+  if (options.tls_cert_pem.empty() != options.tls_key_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "HTTPS needs both a certificate and its key");
+  }
   const size_t colon = listen.rfind(':');
   int port = -1;
   if (colon == std::string::npos ||
@@ -118,15 +142,45 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "the host of \"", listen, "\" must be an IPv4 address or localhost"));
   }
-  std::unique_ptr<HttpServer> server(new HttpServer(std::move(handler)));
+  std::unique_ptr<HttpServer> server(
+      new HttpServer(std::move(handler), std::move(options)));
+  unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD |
+                       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+  // Options after the address; HTTPS adds the key and certificate.
+  MHD_OptionItem tls_options[] = {
+      {MHD_OPTION_END, 0, nullptr},
+      {MHD_OPTION_END, 0, nullptr},
+      {MHD_OPTION_END, 0, nullptr},
+  };
+  if (server->tls()) {
+    flags |= MHD_USE_TLS;
+    tls_options[0] = {MHD_OPTION_HTTPS_MEM_KEY, 0,
+                      const_cast<char*>(server->options_.tls_key_pem.c_str())};
+    tls_options[1] = {MHD_OPTION_HTTPS_MEM_CERT, 0,
+                      const_cast<char*>(server->options_.tls_cert_pem.c_str())};
+  }
+  std::string start_errors;
+  server->log_sink_ = &start_errors;
   server->daemon_ = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION,
-      static_cast<uint16_t>(port), nullptr, nullptr,
-      &HttpServerCallbacks::Handle, server.get(), MHD_OPTION_SOCK_ADDR,
+      flags, static_cast<uint16_t>(port), nullptr, nullptr,
+      &HttpServerCallbacks::Handle, server.get(), MHD_OPTION_EXTERNAL_LOGGER,
+      &Log, &server->log_sink_, MHD_OPTION_SOCK_ADDR,
       reinterpret_cast<const sockaddr*>(&addr), MHD_OPTION_NOTIFY_COMPLETED,
-      &Completed, nullptr, MHD_OPTION_END);
+      &Completed, nullptr, MHD_OPTION_ARRAY, tls_options, MHD_OPTION_END);
+  server->log_sink_ = nullptr;
   if (server->daemon_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+    std::string why(absl::StripTrailingAsciiWhitespace(start_errors));
+    absl::StrReplaceAll({{"\n", "; "}}, &why);
+    // A refused certificate or key names GnuTLS or x509 in the message.
+    const bool tls_refused =
+        server->tls() && (why.find("x509") != std::string::npos ||
+                          why.find("TLS") != std::string::npos ||
+                          why.find("certificate") != std::string::npos);
+    const std::string message = absl::StrCat("cannot listen on ", listen,
+                                             server->tls() ? " (HTTPS)" : "",
+                                             why.empty() ? "" : ": ", why);
+    return tls_refused ? absl::InvalidArgumentError(message)
+                       : absl::UnavailableError(message);
   }
   const MHD_DaemonInfo* info =
       MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);

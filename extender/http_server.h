@@ -7,10 +7,15 @@
 // handler may block (the filter waits for its brokers) without holding up
 // other callers. Request bodies are capped (kMaxBodyBytes); a larger body is
 // answered 413 without calling the handler.
+//
+// HTTPS: given a certificate and key (HttpServerOptions), the listener speaks
+// TLS only (GnuTLS, through libmicrohttpd) and a plaintext request gets no
+// answer. Clients are not asked for certificates.
 
 #ifndef KVBROKER_EXTENDER_HTTP_SERVER_H_
 #define KVBROKER_EXTENDER_HTTP_SERVER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -43,6 +48,13 @@ struct HttpResponse {
   std::string body;
 };
 
+struct HttpServerOptions {
+  // PEM. Both set: HTTPS; both empty: plain HTTP. The certificate may carry
+  // its chain after it.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+};
+
 class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
@@ -54,10 +66,13 @@ class HttpServer {
   // Listens on `listen`, "host:port" with an IPv4 literal or "localhost" or
   // "0.0.0.0" as host (port 0 picks a free one). `handler` is called from the
   // connection threads, possibly concurrently.
-  // Errors: INVALID_ARGUMENT for a malformed address; UNAVAILABLE when the
-  // port cannot be bound.
+  // Errors: INVALID_ARGUMENT for a malformed address, for only one of
+  // certificate and key, or for a certificate or key that TLS refuses (the
+  // library's reason in the message); UNAVAILABLE when the port cannot be
+  // bound.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
-      const std::string& listen, Handler handler);
+      const std::string& listen, Handler handler,
+      HttpServerOptions options = {});
 
   // Stops listening and waits for the requests in progress.
   ~HttpServer();
@@ -65,13 +80,20 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   int port() const { return port_; }
+  bool tls() const { return !options_.tls_cert_pem.empty(); }
 
  private:
-  explicit HttpServer(Handler handler) : handler_(std::move(handler)) {}
+  HttpServer(Handler handler, HttpServerOptions options)
+      : handler_(std::move(handler)), options_(std::move(options)) {}
   friend struct HttpServerCallbacks;
 
   const Handler handler_;
+  // The library reads the PEM from here while it starts.
+  const HttpServerOptions options_;
   MHD_Daemon* daemon_ = nullptr;
+  // Where the library's error messages go while Start runs; null after
+  // (they go to stderr). The daemon's threads may log while Start clears it.
+  std::atomic<std::string*> log_sink_{nullptr};
   int port_ = 0;
 };
 

@@ -30,6 +30,11 @@ constexpr char kServiceAccountDir[] =
 ABSL_FLAG(std::string, listen, "0.0.0.0:8888",
           "host:port of the extender's HTTP endpoint (filter, prioritize, "
           "bind, healthz, readyz, metrics); port 0 picks one.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) of the extender's own endpoint. Set with "
+          "--tls_key: HTTPS only (kube-scheduler's enableHTTPS); read at "
+          "start, so a rotated certificate takes a restart.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, kube_api_server, "",
           "URL of the Kubernetes API. Empty: https://$KUBERNETES_SERVICE_HOST:"
           "$KUBERNETES_SERVICE_PORT (in-cluster).");
@@ -168,21 +173,42 @@ int Run() {
   }
   options.policy = *policy;
 
+  HttpServerOptions http_options;
+  if (absl::GetFlag(FLAGS_tls_cert).empty() !=
+      absl::GetFlag(FLAGS_tls_key).empty()) {
+    std::fprintf(stderr,
+                 "kvbroker-extender: --tls_cert and --tls_key go together\n");
+    return 2;
+  }
+  if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
+    absl::StatusOr<std::string> cert = ReadFile(absl::GetFlag(FLAGS_tls_cert));
+    absl::StatusOr<std::string> key = ReadFile(absl::GetFlag(FLAGS_tls_key));
+    if (!cert.ok() || !key.ok()) {
+      std::fprintf(stderr, "kvbroker-extender: %s\n",
+                   (cert.ok() ? key : cert).status().ToString().c_str());
+      return 2;
+    }
+    http_options.tls_cert_pem = *std::move(cert);
+    http_options.tls_key_pem = *std::move(key);
+  }
+
   BrokerDirectory directory(kube->get(), directory_options);
   directory.Start();
   Extender extender(&directory, kube->get(), options);
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
       absl::GetFlag(FLAGS_listen),
-      [&extender](const HttpRequest& r) { return extender.Handle(r); });
+      [&extender](const HttpRequest& r) { return extender.Handle(r); },
+      std::move(http_options));
   if (!server.ok()) {
     std::fprintf(stderr, "kvbroker-extender: --listen: %s\n",
                  server.status().ToString().c_str());
     return 2;
   }
-  std::printf("kvbroker-extender serving on port %d (API %s, brokers %s/%s)\n",
-              (*server)->port(), api.c_str(),
-              directory_options.namespace_.c_str(),
-              directory_options.label_selector.c_str());
+  std::printf(
+      "kvbroker-extender serving on port %d (%s, API %s, brokers %s/%s)\n",
+      (*server)->port(), (*server)->tls() ? "HTTPS" : "HTTP", api.c_str(),
+      directory_options.namespace_.c_str(),
+      directory_options.label_selector.c_str());
   std::fflush(stdout);
 
   sigset_t signals;

@@ -257,32 +257,43 @@ class KvBrokerClient:
     def alloc(self, pool: str, num_blocks: int, *,
               request_id: Optional[str] = None, reservation_id: str = "",
               expected_generation: Optional[int] = None,
+              pool_uid: str = "",
               timeout: Optional[Seconds] = None) -> pb.AllocResponse:
         """Allocates ``num_blocks`` blocks, all or nothing; the reply groups
         them by page (``blocks_by_page``). ``request_id`` (default: a new
         random one) is sent unchanged on every attempt, so a retry returns
         the first outcome (``replayed``) instead of allocating twice.
+        ``pool_uid`` (e.g. the reservation's ``ReserveResponse.pool_uid``)
+        refuses with PoolNotFound, allocating nothing, unless the pool is
+        still that incarnation; the reply's ``pool_uid`` is the one to pass
+        to ``free``.
         Raises the capacity refusals (PoolExhausted, GpuMemoryExhausted,
         ShrinkPending, RequestTooLarge), ReservationNotFound /
         ReservationExpired / ReservationTooSmall, GenerationMismatch,
-        RequestIdReused, InvalidArgument, PoolNotFound, PoolFailed,
-        MappingFailed (after retries)."""
+        RequestIdReused, InvalidArgument, PoolNotFound (with
+        ``expected_pool_uid`` and ``current_pool_uid`` in its metadata for
+        a stale ``pool_uid``), PoolFailed, MappingFailed (after retries)."""
         request = pb.AllocRequest(
             pool=pool, num_blocks=num_blocks,
             request_id=request_id or new_request_id(),
-            reservation_id=reservation_id)
+            reservation_id=reservation_id, pool_uid=pool_uid)
         if expected_generation is not None:
             request.expected_generation = expected_generation
         return self._call("Alloc", request, idempotent=True, timeout=timeout)
 
     def free(self, pool: str, block_ids: Sequence[int], *,
-             request_id: Optional[str] = None,
+             request_id: Optional[str] = None, pool_uid: str = "",
              timeout: Optional[Seconds] = None) -> pb.FreeResponse:
         """Frees blocks, all or nothing; retried under one request id.
+        ``pool_uid``: the incarnation the blocks came from
+        (``AllocResponse.pool_uid``); a pool deleted and created again under
+        the same name refuses with PoolNotFound and frees nothing, so stale
+        ids never free another caller's blocks. Empty: not checked.
         Raises BlockNotAllocated, BlockInReservation (nothing freed),
         InvalidArgument, RequestIdReused, PoolNotFound."""
         request = pb.FreeRequest(pool=pool, block_ids=list(block_ids),
-                                 request_id=request_id or new_request_id())
+                                 request_id=request_id or new_request_id(),
+                                 pool_uid=pool_uid)
         return self._call("Free", request, idempotent=True, timeout=timeout)
 
     def reserve(self, pool: str, num_blocks: int, *,
@@ -299,13 +310,16 @@ class KvBrokerClient:
         return self._call("Reserve", request, idempotent=True, timeout=timeout)
 
     def release_reservation(
-            self, pool: str, reservation_id: str, *,
+            self, pool: str, reservation_id: str, *, pool_uid: str = "",
             timeout: Optional[Seconds] = None
     ) -> pb.ReleaseReservationResponse:
-        """Returns a reservation's remaining blocks. Sent once. Raises
+        """Returns a reservation's remaining blocks. Sent once.
+        ``pool_uid``: the reservation's incarnation
+        (``ReserveResponse.pool_uid``), checked as in ``free``. Raises
         ReservationNotFound, ReservationExpired, PoolNotFound."""
         request = pb.ReleaseReservationRequest(pool=pool,
-                                               reservation_id=reservation_id)
+                                               reservation_id=reservation_id,
+                                               pool_uid=pool_uid)
         return self._call("ReleaseReservation", request, idempotent=False,
                           timeout=timeout)
 
@@ -329,12 +343,15 @@ class KvBrokerClient:
         return self._call("Trim", request, idempotent=False, timeout=timeout)
 
     def get_page_occupancy(
-            self, pool: str, page_ids: Sequence[int], *,
+            self, pool: str, page_ids: Sequence[int], *, pool_uid: str = "",
             timeout: Optional[Seconds] = None) -> List[pb.PageOccupancy]:
         """Allocated and reserved blocks of the given pages, in their order.
-        Raises InvalidArgument (a page id out of range), PoolNotFound."""
+        ``pool_uid``: the incarnation the page ids refer to, checked as in
+        ``free``. Raises InvalidArgument (a page id out of range),
+        PoolNotFound."""
         request = pb.GetPageOccupancyRequest(pool=pool,
-                                             page_ids=list(page_ids))
+                                             page_ids=list(page_ids),
+                                             pool_uid=pool_uid)
         return list(self._call("GetPageOccupancy", request, idempotent=True,
                                timeout=timeout).pages)
 

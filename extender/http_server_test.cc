@@ -1,0 +1,154 @@
+// HttpServer over plain HTTP and HTTPS, with libcurl as the client: the
+// request reaches the handler whole, HTTPS serves only TLS clients that
+// trust its certificate, and a certificate or key that TLS refuses is a
+// clear error before anything listens.
+
+#include "extender/http_server.h"
+
+#include <curl/curl.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker {
+namespace extender {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return srcdir != nullptr ? absl::StrCat(srcdir, "/kvbroker/", path) : path;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(Runfile(path));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+size_t Append(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+struct Reply {
+  CURLcode result = CURLE_OK;
+  long code = 0;
+  std::string body;
+};
+
+// POSTs `body` to `url`; `ca_file` (a runfile) non-empty: trust only it.
+Reply Post(const std::string& url, const std::string& body,
+           const std::string& ca_file = "") {
+  Reply r;
+  CURL* curl = curl_easy_init();
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.data());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Append);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &r.body);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT, 10L);
+  const std::string ca = ca_file.empty() ? "" : Runfile(ca_file);
+  if (!ca.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, ca.c_str());
+  r.result = curl_easy_perform(curl);
+  if (r.result == CURLE_OK) {
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &r.code);
+  }
+  curl_easy_cleanup(curl);
+  return r;
+}
+
+// Echoes method, path and body.
+HttpResponse Echo(const HttpRequest& r) {
+  return {201, "text/plain", absl::StrCat(r.method, " ", r.path, " ", r.body)};
+}
+
+HttpServerOptions TestCertificate() {
+  HttpServerOptions o;
+  o.tls_cert_pem = Read("client/testdata/server.pem");
+  o.tls_key_pem = Read("client/testdata/server.key");
+  return o;
+}
+
+TEST(HttpServer, PlainHttp) {
+  auto server = HttpServer::Start("127.0.0.1:0", &Echo);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_FALSE((*server)->tls());
+  Reply r =
+      Post(absl::StrCat("http://127.0.0.1:", (*server)->port(), "/x"), "hello");
+  EXPECT_EQ(r.code, 201);
+  EXPECT_EQ(r.body, "POST /x hello");
+}
+
+TEST(HttpServer, HttpsWithTheTestCertificate) {
+  auto server = HttpServer::Start("127.0.0.1:0", &Echo, TestCertificate());
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE((*server)->tls());
+  const std::string port = absl::StrCat((*server)->port());
+  // The certificate names 127.0.0.1 and localhost; curl checks both the
+  // chain (against the test CA) and the name.
+  for (const std::string host : {"127.0.0.1", "localhost"}) {
+    Reply r = Post(absl::StrCat("https://", host, ":", port, "/filter"), "{}",
+                   "client/testdata/ca.pem");
+    EXPECT_EQ(r.result, CURLE_OK)
+        << host << ": " << curl_easy_strerror(r.result);
+    EXPECT_EQ(r.code, 201);
+    EXPECT_EQ(r.body, "POST /filter {}");
+  }
+  // A client that trusts another certificate only (the client one) gives up
+  // in the handshake.
+  Reply untrusted = Post(absl::StrCat("https://127.0.0.1:", port, "/filter"),
+                         "{}", "client/testdata/client.pem");
+  EXPECT_EQ(untrusted.result, CURLE_PEER_FAILED_VERIFICATION)
+      << curl_easy_strerror(untrusted.result);
+  // Plain HTTP to the TLS port gets no HTTP answer.
+  Reply plain = Post(absl::StrCat("http://127.0.0.1:", port, "/filter"), "{}");
+  EXPECT_NE(plain.result, CURLE_OK);
+  EXPECT_EQ(plain.code, 0);
+  // The server still serves afterwards.
+  EXPECT_EQ(Post(absl::StrCat("https://127.0.0.1:", port, "/again"), "",
+                 "client/testdata/ca.pem")
+                .body,
+            "POST /again ");
+}
+
+TEST(HttpServer, HalfOfACertificatePairIsRefused) {
+  HttpServerOptions o = TestCertificate();
+  o.tls_key_pem.clear();
+  auto server = HttpServer::Start("127.0.0.1:0", &Echo, o);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server.status().message(),
+            "HTTPS needs both a certificate and its key");
+}
+
+TEST(HttpServer, AnUnparsableCertificateOrKeyIsRefusedWithTheReason) {
+  HttpServerOptions bad_cert = TestCertificate();
+  bad_cert.tls_cert_pem = "not a certificate\n";
+  auto server = HttpServer::Start("127.0.0.1:0", &Echo, bad_cert);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument)
+      << server.status();
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("cannot listen on 127.0.0.1:0 (HTTPS): GnuTLS failed "
+                        "to setup x509 certificate/key: Base64 decoding "
+                        "error."));
+
+  HttpServerOptions wrong_key = TestCertificate();
+  wrong_key.tls_key_pem = Read("client/testdata/client.key");
+  server = HttpServer::Start("127.0.0.1:0", &Echo, wrong_key);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument)
+      << server.status();
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("The certificate and the given key do not match."));
+}
+
+}  // namespace
+}  // namespace extender
+}  // namespace kvbroker
