@@ -26,6 +26,7 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       clock_(clock),
       options_(std::move(options)),
       mapper_(&geometry_, backend),
+      announcer_(&geometry_, &mapper_),
       ledger_(&geometry_),
       reservations_(options_.expired_reservations_remembered),
       remembered_(options_.idempotency_window, options_.idempotency_capacity) {
@@ -93,6 +94,8 @@ absl::Status PagePool::Init() {
         if (!m.status.ok()) {
           budgets_->Uncharge(g.devices(), g.bundle_bytes(), 1);
           (void)budgets_->RefreshAll();
+        } else {
+          announcer_.Announce({p});
         }
       });
       --calls_in_flight_;
@@ -143,6 +146,9 @@ absl::Status PagePool::Shutdown(bool force) {
   }
   int64_t leaked = 0;
   WithoutLock([&] {
+    std::vector<PageId> ids;
+    for (const Unmap& u : pages) ids.push_back(u.page);
+    announcer_.Withdraw(ids);
     for (Unmap& u : pages) {
       u.status = mapper_.Unmap(u.page, &u.took);
       if (!u.status.ok()) ++leaked;
@@ -228,6 +234,9 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
       (void)budgets_->RefreshAll();
       break;
     }
+    // Every page mapped: engines hear of them before any block is handed
+    // out (nothing can roll them back from here).
+    if (failed_at == fresh.size()) announcer_.Announce(fresh);
   });
   --calls_in_flight_;
   for (const BundleMapper::MapOutcome& m : outcomes) {
@@ -311,6 +320,10 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
   if (unmaps->empty()) return 0;
   ++calls_in_flight_;
   WithoutLock([&] {
+    std::vector<PageId> ids;
+    ids.reserve(unmaps->size());
+    for (const Unmap& u : *unmaps) ids.push_back(u.page);
+    announcer_.Withdraw(ids);
     for (Unmap& u : *unmaps) u.status = mapper_.Unmap(u.page, &u.took);
   });
   --calls_in_flight_;
@@ -814,6 +827,7 @@ bool PagePool::PreallocStep() {
     ++calls_in_flight_;
     WithoutLock([&] {
       m = mapper_.Map(p);
+      if (m.status.ok()) announcer_.Announce({p});
       if (!m.status.ok()) {
         if (m.unwound) {
           budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
@@ -840,6 +854,19 @@ bool PagePool::PreallocStep() {
   }
   RunEpilogue(epi);
   return more;
+}
+
+// ---------------------------------------------------------------------------
+// Engines
+
+absl::Status PagePool::AddPageListener(
+    PageListener* listener,
+    absl::FunctionRef<void(absl::Span<const MappedPage>)> snapshot) {
+  return announcer_.AddListener(listener, snapshot);
+}
+
+void PagePool::RemovePageListener(PageListener* listener) {
+  announcer_.RemoveListener(listener);
 }
 
 // ---------------------------------------------------------------------------

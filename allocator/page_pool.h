@@ -43,7 +43,8 @@
 // to commit, or to roll back to exactly the state before the call. The
 // caller's own unmaps finish before it returns. Lock order: mu_ ->
 // DeviceBudgets (a leaf); on_change and on_prealloc_needed run with no pool
-// lock held (docs/design.md, "Locking").
+// lock held (docs/design.md, "Locking"). The PageAnnouncer's lock is taken
+// only without mu_ (mu_ is released around every mapping step).
 
 #ifndef KVBROKER_ALLOCATOR_PAGE_POOL_H_
 #define KVBROKER_ALLOCATOR_PAGE_POOL_H_
@@ -68,7 +69,9 @@
 #include "allocator/failure.h"
 #include "allocator/geometry.h"
 #include "allocator/idempotency_window.h"
+#include "allocator/page_announcer.h"
 #include "allocator/page_ledger.h"
+#include "allocator/page_listener.h"
 #include "allocator/pool_types.h"
 #include "allocator/reservation_table.h"
 #include "allocator/stats.h"
@@ -184,6 +187,19 @@ class PagePool {
   // in page_ledger.h. O(T + N): for tests and debugging. Returns INTERNAL
   // naming the first violation.
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Engines (docs/design.md, "Pages and engines"). Registers `listener` for
+  // the pool's mapped pages and calls `snapshot` with the pages mapped now,
+  // atomically with the registration (page_announcer.h). Errors: the
+  // backend's when a page cannot be exported (nothing registered).
+  absl::Status AddPageListener(
+      PageListener* listener,
+      absl::FunctionRef<void(absl::Span<const MappedPage>)> snapshot)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // After it returns `listener` is never called again.
+  void RemovePageListener(PageListener* listener) ABSL_LOCKS_EXCLUDED(mu_);
+  // Pages mapped and announced to listeners (for tests and operators).
+  int64_t announced_pages() const { return announcer_.announced_pages(); }
 
  private:
   // Where the blocks of one acquisition come from; computed and checked
@@ -327,6 +343,10 @@ class PagePool {
   // Not guarded: each page's handles belong to whoever holds the page in
   // flight (or to mu_'s holder for a settled page); see bundle_mapper.h.
   BundleMapper mapper_;
+  // Its own lock, never taken with mu_ held: the pool calls it from its
+  // unlocked mapping steps (Announce after a page is mapped, Withdraw before
+  // one is unmapped).
+  PageAnnouncer announcer_;
 
   // ---- guarded by mu_ ----
   mutable absl::Mutex mu_;
@@ -340,7 +360,8 @@ class PagePool {
   bool prealloc_running_ ABSL_GUARDED_BY(mu_) = false;
   // Blocks held as reserved by a Reserve in flight (no reservation yet).
   int64_t reserving_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no limit was set.
+  // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no
+  // limit was set.
   LimitState limit_state_ ABSL_GUARDED_BY(mu_) = LimitState::kNone;
   int64_t target_pages_ ABSL_GUARDED_BY(mu_) = 0;
   Bytes limit_bytes_ ABSL_GUARDED_BY(mu_);
