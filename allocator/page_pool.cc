@@ -22,12 +22,14 @@ namespace kvbroker {
 PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
                    Clock* clock, PoolOptions options)
     : geometry_(std::move(geometry)),
+      backend_(backend),
       budgets_(budgets),
       clock_(clock),
       options_(std::move(options)),
       mapper_(&geometry_, backend),
       announcer_(&geometry_, &mapper_),
       ledger_(&geometry_),
+      tags_(geometry_.max_blocks()),
       reservations_(options_.expired_reservations_remembered),
       remembered_(options_.idempotency_window, options_.idempotency_capacity) {
   absl::MutexLock lock(&mu_);
@@ -293,6 +295,69 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
 }
 
 // ---------------------------------------------------------------------------
+// Zeroing blocks that pass from one holder to another
+
+absl::Status PagePool::ZeroForHolderLocked(const std::string& holder,
+                                           std::vector<BlockId>* blocks,
+                                           const std::string& request_id,
+                                           std::vector<Unmap>* unmaps,
+                                           std::string* log) {
+  std::vector<BlockId> to_zero;
+  tags_.Hand(*blocks, tags_.Intern(holder), &to_zero);
+  if (to_zero.empty()) return absl::OkStatus();
+  std::sort(to_zero.begin(), to_zero.end());
+  const int64_t n = static_cast<int64_t>(to_zero.size());
+  ledger_.Reassign(to_zero, BlockOwner::kReserved);
+  reserving_in_flight_ += n;
+  if (!request_id.empty()) remembered_.MarkPending(request_id);
+  ++calls_in_flight_;
+  absl::Status zeroed;
+  WithoutLock([&] { zeroed = ZeroBlocks(to_zero); });
+  --calls_in_flight_;
+  if (!request_id.empty()) remembered_.ClearPending(request_id);
+  reserving_in_flight_ -= n;
+  ledger_.Reassign(to_zero, BlockOwner::kAllocated);
+  if (zeroed.ok()) {
+    stats_.blocks_zeroed_total += n;
+    return absl::OkStatus();
+  }
+  // Nothing of this call reaches the holder: its blocks go back, and those
+  // that kept old data are zeroed for whoever gets them next.
+  tags_.Taint(to_zero);
+  std::sort(blocks->begin(), blocks->end());
+  ReturnBlocksLocked(*blocks, unmaps);
+  blocks->clear();
+  if (zeroed.code() == absl::StatusCode::kInternal) {
+    MarkFailedLocked(absl::StrCat("zeroing failed: ", zeroed.message()),
+                     /*device_lost=*/true, log);
+  }
+  return MakeFailure(FailureReason::kMappingFailed,
+                     absl::StrCat("blocks of pool ", name(),
+                                  " could not be zeroed for holder ", holder,
+                                  ": ", zeroed.message()),
+                     {{std::string(error_key::kPool), name()}});
+}
+
+absl::Status PagePool::ZeroBlocks(absl::Span<const BlockId> ascending) const {
+  const int64_t stride = geometry_.block_stride().value();
+  for (size_t first = 0; first < ascending.size();) {
+    size_t end = first + 1;
+    while (end < ascending.size() && ascending[end] == ascending[end - 1] + 1) {
+      ++end;
+    }
+    const Bytes bytes(static_cast<int64_t>(end - first) * stride);
+    for (int i = 0; i < geometry_.device_count(); ++i) {
+      const uint64_t address =
+          mapper_.range_base(i) + ascending[first] * stride;
+      KVB_RETURN_IF_ERROR(
+          backend_->Zero(geometry_.devices()[i], address, bytes));
+    }
+    first = end;
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
 // Returning blocks, unmapping, the limit
 
 void PagePool::FileEmptiedLocked(PageId p, std::vector<Unmap>* unmaps) {
@@ -332,6 +397,7 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
   for (const Unmap& u : *unmaps) {
     if (u.status.ok()) {
       budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
+      tags_.Forget(ledger_.page(u.page).begin, ledger_.page(u.page).end);
       ledger_.FinishUnmap(u.page);
       stats_.unmap_latency.Record(u.took);
       ++stats_.pages_unmapped_total;
@@ -503,6 +569,10 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
             FinishAcquireLocked(&acq, request.num_blocks, &unmaps, &epi.log);
         if (!id.empty()) remembered_.ClearPending(id);
         if (!s.ok()) return s;
+      }
+      if (!request.holder.empty()) {
+        KVB_RETURN_IF_ERROR(ZeroForHolderLocked(request.holder, &acq.blocks, id,
+                                                &unmaps, &epi.log));
       }
       AllocResult out;
       out.pages_mapped = plan->new_pages;

@@ -68,6 +68,7 @@
 #include "allocator/device_budget.h"
 #include "allocator/failure.h"
 #include "allocator/geometry.h"
+#include "allocator/holder_tags.h"
 #include "allocator/idempotency_window.h"
 #include "allocator/page_announcer.h"
 #include "allocator/page_ledger.h"
@@ -270,6 +271,20 @@ class PagePool {
                                    std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- zeroing (holder_tags.h) ---
+  // Tags `blocks` (this Alloc's, committed) as `holder`'s and zeroes those
+  // that held another holder's data, without the lock: meanwhile they count
+  // as reserved by this call in flight, so no Free can name them and their
+  // pages stay mapped. On a failed zero every block goes back to the pool
+  // (`blocks` is cleared) and the typed error is returned.
+  absl::Status ZeroForHolderLocked(const std::string& holder,
+                                   std::vector<BlockId>* blocks,
+                                   const std::string& request_id,
+                                   std::vector<Unmap>* unmaps, std::string* log)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Zeroes `ascending` blocks on every device (backend calls; no lock).
+  absl::Status ZeroBlocks(absl::Span<const BlockId> ascending) const;
+
   // --- returning blocks and unmapping ---
   // Returns blocks (ascending) and files each emptied page: IDLE, or in
   // flight to be unmapped (appended to `unmaps`). Settles the limit.
@@ -337,6 +352,7 @@ class PagePool {
 
   // ---- constant after construction ----
   const Geometry geometry_;
+  Backend* const backend_;
   DeviceBudgets* const budgets_;
   Clock* const clock_;
   const PoolOptions options_;
@@ -369,6 +385,7 @@ class PagePool {
   std::string failure_ ABSL_GUARDED_BY(mu_);
 
   PageLedger ledger_ ABSL_GUARDED_BY(mu_);
+  HolderTags tags_ ABSL_GUARDED_BY(mu_);
   ReservationTable reservations_ ABSL_GUARDED_BY(mu_);
   IdempotencyWindow remembered_ ABSL_GUARDED_BY(mu_);
   PoolStats stats_ ABSL_GUARDED_BY(mu_);

@@ -87,6 +87,10 @@ struct AllocRequest {
   std::string request_id;      // empty: no idempotency
   std::string reservation_id;  // empty: none
   std::optional<uint64_t> expected_generation;
+  // Who gets the blocks (an engine's holder); empty for callers that cannot
+  // read the memory (gRPC). A block that last held another holder's data is
+  // zeroed before it is returned (holder_tags.h).
+  std::string holder;
 };
 
 struct AllocResult {

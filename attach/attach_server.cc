@@ -505,6 +505,7 @@ absl::Status AttachServer::Session::CheckPool(absl::string_view pool) const {
 
 absl::StatusOr<kv1::AllocResponse> AttachServer::Session::AllocForHolder(
     AllocRequest alloc) {
+  alloc.holder = holder_;
   absl::StatusOr<AllocResult> result = pool_->Alloc(alloc);
   if (!result.ok()) return result.status();
   kv1::AllocResponse response;

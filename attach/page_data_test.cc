@@ -89,12 +89,13 @@ class PageDataTest : public ::testing::Test {
   }
 
   std::unique_ptr<ChildProcess> Engine(const std::string& holder,
-                                       int64_t grace_ms = 0) {
+                                       int64_t grace_ms = 0,
+                                       const std::string& pool = "kv") {
     return std::make_unique<ChildProcess>(
         Runfile("engine/test_engine"),
         std::vector<std::string>{
             absl::StrCat("--socket=", server_->socket_path()),
-            absl::StrCat("--holder=", holder), "--pool=kv",
+            absl::StrCat("--holder=", holder), absl::StrCat("--pool=", pool),
             absl::StrCat("--grace_ms=", grace_ms)});
   }
 
@@ -226,6 +227,58 @@ TEST_F(PageDataTest, WritesOfOneEngineReadByTheDaemonAndAnotherEngine) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   EXPECT_EQ(*CountOpenFds(), baseline);
+}
+
+TEST_F(PageDataTest, KilledEngineFreesItsBlocksAndTheNextHolderReadsZeros) {
+  // A pool that keeps emptied pages mapped (IDLE), so blocks are reused.
+  PoolConfig c = Config();
+  c.name = "warm";
+  c.max_idle_pages = 5;
+  pool_ = *broker_->CreatePool(c);
+
+  auto a = Engine("engine-a", 0, "warm");
+  ASSERT_TRUE(absl::StartsWith(a->ReadUntil("attached"), "attached"));
+  const std::vector<int64_t> a_ids = Ids(Ask(*a, "alloc 8"));  // page 0
+  ASSERT_EQ(a_ids, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(Ask(*a, "write 33 0 1 2 3 4 5 6 7"), "wrote 8 bad 0");
+  a->Kill(SIGKILL);
+  // No grace: the session's end frees the blocks; the page stays mapped
+  // with A's bytes in it.
+  Eventually([&] { return Allocated() == 0; });
+  EXPECT_EQ(Mapped(), 1);
+  EXPECT_EQ(DaemonMismatches(33, a_ids), 0);
+
+  // R takes half of page 0 (zeroed for it), writes, dies, and comes back
+  // within its grace: its blocks and bytes are still its own.
+  auto r = Engine("engine-r", 600000, "warm");
+  ASSERT_TRUE(absl::StartsWith(r->ReadUntil("attached"), "attached"));
+  EXPECT_EQ(Ask(*r, "alloc 4"), "blocks 0 1 2 3");
+  EXPECT_EQ(Ask(*r, "check 0 0 1 2 3"), "checked 4 bad 0");
+  EXPECT_EQ(Ask(*r, "write 44 0 1 2 3"), "wrote 4 bad 0");
+  r->Kill(SIGKILL);
+  std::unique_ptr<ChildProcess> again;
+  std::string line;
+  for (int i = 0; i < 2000; ++i) {
+    again = Engine("engine-r", 600000, "warm");
+    line = again->ReadUntil("");
+    if (!absl::StrContains(line, "HOLDER_BUSY")) break;
+    again->Wait();
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(absl::StartsWith(line, "attached ")) << line;
+  EXPECT_TRUE(absl::EndsWith(line, " reattached=1 held=4 pages=1")) << line;
+  EXPECT_EQ(Ask(*again, "check 44 0 1 2 3"), "checked 4 bad 0");
+  EXPECT_EQ(Allocated(), 4);
+
+  // B gets the rest of page 0, which held A's blocks: zeros, on both
+  // devices, in B's mapping and in the daemon's.
+  auto b = Engine("engine-b", 0, "warm");
+  ASSERT_TRUE(absl::StartsWith(b->ReadUntil("attached"), "attached"));
+  EXPECT_EQ(Ask(*b, "alloc 4"), "blocks 4 5 6 7");
+  EXPECT_EQ(Ask(*b, "check 0 4 5 6 7"), "checked 4 bad 0");
+  EXPECT_EQ(DaemonMismatches(0, {4, 5, 6, 7}), 0);
+  EXPECT_EQ(DaemonMismatches(44, {0, 1, 2, 3}), 0);
+  EXPECT_EQ(pool_->Stats().blocks_zeroed_total, 8);
 }
 
 }  // namespace

@@ -1,0 +1,266 @@
+// PagePool's hooks for engines, through the host backend: listeners hear of
+// every mapped page (with exported fds) before its blocks are handed out and
+// get a snapshot consistent with that; exported fds close with their
+// handles on every path; blocks passing from one holder to another are
+// zeroed, and only those.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "allocator/fault_injecting_backend.h"
+#include "allocator/host_backend.h"
+#include "allocator/page_pool.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker {
+namespace {
+
+int OpenFds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+// Records what it hears, checking each fd is a live memfd of a page size.
+class RecordingListener : public PageListener {
+ public:
+  explicit RecordingListener(PagePool* pool) : pool_(pool) {}
+  void OnPagesMapped(absl::Span<const MappedPage> pages) override {
+    for (const MappedPage& m : pages) {
+      heard.push_back(m.page);
+      fds_per_page.push_back(static_cast<int>(m.fds.size()));
+      for (int fd : m.fds) {
+        struct stat st;
+        if (fstat(fd, &st) != 0 ||
+            st.st_size != pool_->geometry().bundle_bytes().value()) {
+          ++bad_fds;
+        }
+      }
+      // No block of the page has been handed out yet.
+      occupancy_at_news.push_back(static_cast<size_t>(
+          (*pool_->GetPageOccupancy({m.page}))[0].allocated_blocks.value()));
+    }
+  }
+  PagePool* pool_;
+  std::vector<PageId> heard;
+  std::vector<int> fds_per_page;
+  std::vector<size_t> occupancy_at_news;
+  int bad_fds = 0;
+};
+
+class PageHooksTest : public ::testing::Test {
+ protected:
+  PageHooksTest()
+      : host_(HostBackendOptions{2, Bytes(64 * kGiB), MiB(2)}),
+        backend_(&host_),
+        budgets_(&backend_, 1.0) {
+    EXPECT_TRUE(budgets_.Init().ok());
+  }
+
+  // P = 2 MiB, B = 512 KiB: 4 blocks per page, 8 pages, devices {0, 1}.
+  std::unique_ptr<PagePool> MakePool(int64_t max_idle) {
+    PoolConfig c;
+    c.name = "p";
+    c.page_size = MiB(2);
+    c.block_bytes = KiB(512);
+    c.max_blocks = 32;
+    c.devices = {0, 1};
+    PoolOptions o;
+    o.min_idle_pages = 0;
+    o.max_idle_pages = max_idle;
+    auto pool = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return pool.ok() ? *std::move(pool) : nullptr;
+  }
+
+  static std::vector<BlockId> Ids(const AllocResult& r) {
+    std::vector<BlockId> out;
+    for (const auto& pb : r.pages) {
+      out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
+    }
+    return out;
+  }
+
+  std::vector<BlockId> Alloc(PagePool& pool, int64_t n,
+                             const std::string& holder) {
+    AllocRequest a;
+    a.num_blocks = n;
+    a.holder = holder;
+    auto r = pool.Alloc(a);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? Ids(*r) : std::vector<BlockId>{};
+  }
+
+  void Free(PagePool& pool, const std::vector<BlockId>& ids) {
+    FreeRequest f;
+    f.block_ids = ids;
+    auto r = pool.Free(f);
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+
+  // Fills block b on every device with `byte` through the pool's mapping.
+  static void Fill(PagePool& pool, BlockId b, char byte) {
+    const int64_t stride = pool.geometry().block_stride().value();
+    for (int i = 0; i < pool.geometry().device_count(); ++i) {
+      std::memset(reinterpret_cast<void*>(pool.range_base(i) + b * stride),
+                  byte, stride);
+    }
+  }
+  // Bytes of block b (every device) that are not `byte`.
+  static int64_t Differing(PagePool& pool, BlockId b, char byte) {
+    const int64_t stride = pool.geometry().block_stride().value();
+    int64_t n = 0;
+    for (int i = 0; i < pool.geometry().device_count(); ++i) {
+      const char* p =
+          reinterpret_cast<const char*>(pool.range_base(i) + b * stride);
+      for (int64_t j = 0; j < stride; ++j) n += p[j] != byte;
+    }
+    return n;
+  }
+
+  HostBackend host_;
+  FaultInjectingBackend backend_;
+  DeviceBudgets budgets_;
+  ManualClock clock_;
+};
+
+TEST_F(PageHooksTest, ListenersHearOfPagesBeforeTheirBlocksAndSnapshotsAgree) {
+  auto pool = MakePool(/*max_idle=*/0);
+  RecordingListener early(pool.get());
+  std::vector<PageId> snapshot;
+  ASSERT_TRUE(pool->AddPageListener(&early,
+                                    [&](auto pages) {
+                                      for (const MappedPage& m : pages)
+                                        snapshot.push_back(m.page);
+                                    })
+                  .ok());
+  EXPECT_TRUE(snapshot.empty());
+  // No listener, no export: nothing was exported before it registered.
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 0);
+
+  const std::vector<BlockId> six = Alloc(*pool, 6, "");  // pages 0 and 1
+  EXPECT_EQ(early.heard, (std::vector<PageId>{0, 1}));
+  EXPECT_EQ(early.fds_per_page, (std::vector<int>{2, 2}));
+  EXPECT_EQ(early.occupancy_at_news, (std::vector<size_t>{0, 0}));
+  EXPECT_EQ(early.bad_fds, 0);
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 4);
+
+  RecordingListener late(pool.get());
+  ASSERT_TRUE(pool->AddPageListener(&late,
+                                    [&](auto pages) {
+                                      snapshot.clear();
+                                      for (const MappedPage& m : pages)
+                                        snapshot.push_back(m.page);
+                                    })
+                  .ok());
+  EXPECT_EQ(snapshot, (std::vector<PageId>{0, 1}));
+  // Already exported: the snapshot reuses the fds.
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 4);
+
+  // Freeing page 0 unmaps it (max_idle 0); a new snapshot omits it.
+  Free(*pool, {six.begin(), six.begin() + 4});
+  pool->RemovePageListener(&late);
+  ASSERT_TRUE(pool->AddPageListener(&late,
+                                    [&](auto pages) {
+                                      snapshot.clear();
+                                      for (const MappedPage& m : pages)
+                                        snapshot.push_back(m.page);
+                                    })
+                  .ok());
+  EXPECT_EQ(snapshot, (std::vector<PageId>{1}));
+  EXPECT_EQ(pool->announced_pages(), 1);
+
+  // A new page (page 0 went to the back of the FREE list): both hear of it.
+  Alloc(*pool, 4, "");
+  EXPECT_EQ(early.heard, (std::vector<PageId>{0, 1, 2}));
+  EXPECT_EQ(late.heard, (std::vector<PageId>{2}));
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 6);
+  pool->RemovePageListener(&early);
+  pool->RemovePageListener(&late);
+  Alloc(*pool, 4, "");  // page 3: nobody listens, nothing is exported
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 6);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
+  auto pool = MakePool(/*max_idle=*/1);
+  const int baseline = OpenFds();
+  RecordingListener l(pool.get());
+  ASSERT_TRUE(pool->AddPageListener(&l, [](auto) {}).ok());
+  const std::vector<BlockId> twelve = Alloc(*pool, 12, "");  // pages 0-2
+  // A memfd per handle (host backend) and its export.
+  EXPECT_EQ(OpenFds(), baseline + 6 + 6);
+  Free(*pool, twelve);  // one page stays IDLE, two are unmapped
+  EXPECT_EQ(OpenFds(), baseline + 2 + 2);
+
+  // A failed mapping rolls back: the pages it mapped never announced,
+  // nothing exported survives.
+  backend_.AddFault({BackendOp::kCreate, FaultKind::kOutOfMemory, /*nth=*/3,
+                     /*device=*/1});
+  AllocRequest a;
+  a.num_blocks = 16;  // the IDLE page and 3 new ones; the third fails
+  EXPECT_FALSE(pool->Alloc(a).ok());
+  EXPECT_EQ(l.heard.size(), 3u);
+  EXPECT_EQ(OpenFds(), baseline + 2 + 2);
+
+  // Forced shutdown with blocks allocated closes everything.
+  backend_.ClearFaults();
+  Alloc(*pool, 5, "");
+  EXPECT_EQ(l.heard.size(), 4u);
+  EXPECT_EQ(OpenFds(), baseline + 4 + 4);
+  EXPECT_TRUE(pool->Shutdown(/*force=*/true).ok());
+  EXPECT_EQ(OpenFds(), baseline);
+  pool->RemovePageListener(&l);
+}
+
+TEST_F(PageHooksTest, BlocksPassingToAnotherHolderAreZeroedOnlyThen) {
+  auto pool = MakePool(/*max_idle=*/4);
+  const std::vector<BlockId> a = Alloc(*pool, 4, "engine-a");  // page 0
+  for (BlockId b : a) Fill(*pool, b, 'a');
+  Free(*pool, a);  // page 0 IDLE, still holding a's bytes
+
+  // The same holder gets its own data back untouched.
+  EXPECT_EQ(Alloc(*pool, 4, "engine-a"), a);
+  for (BlockId b : a) EXPECT_EQ(Differing(*pool, b, 'a'), 0);
+  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 0);
+  Free(*pool, a);
+
+  // A caller without a holder (gRPC) neither zeroes nor clears the tag.
+  EXPECT_EQ(Alloc(*pool, 2, ""), (std::vector<BlockId>{0, 1}));
+  EXPECT_EQ(Differing(*pool, 0, 'a'), 0);
+  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 0);
+  Free(*pool, {0, 1});
+
+  // Another holder gets zeros: every byte of every device.
+  EXPECT_EQ(Alloc(*pool, 3, "engine-b"), (std::vector<BlockId>{0, 1, 2}));
+  for (BlockId b : {0, 1, 2}) EXPECT_EQ(Differing(*pool, b, 0), 0);
+  EXPECT_EQ(Differing(*pool, 3, 'a'), 0);  // not handed out: untouched
+  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 3);
+  EXPECT_EQ(pool->Capacity()->allocated_blocks.value(), 3);
+  EXPECT_EQ(pool->Capacity()->reserved_blocks.value(), 0);
+
+  // Block 3 still holds a's data; b's next block is zeroed too, then a
+  // fresh page needs nothing.
+  for (BlockId b : {0, 1, 2}) Fill(*pool, b, 'b');
+  EXPECT_EQ(Alloc(*pool, 5, "engine-b"), (std::vector<BlockId>{3, 4, 5, 6, 7}));
+  EXPECT_EQ(Differing(*pool, 3, 0), 0);
+  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 4);
+
+  // Back to a: b's blocks are zeroed for it.
+  Free(*pool, {0, 1, 2, 3, 4, 5, 6, 7});
+  EXPECT_EQ(Alloc(*pool, 1, "engine-a"), (std::vector<BlockId>{0}));
+  EXPECT_EQ(Differing(*pool, 0, 0), 0);
+  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 5);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+}  // namespace
+}  // namespace kvbroker
