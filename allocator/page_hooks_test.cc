@@ -1,8 +1,7 @@
 // PagePool's hooks for engines, through the host backend: listeners hear of
 // every mapped page (with exported fds) before its blocks are handed out and
 // get a snapshot consistent with that; exported fds close with their
-// handles on every path; blocks passing from one holder to another are
-// zeroed, and only those.
+// handles on every path (zeroing between holders: zeroing_test.cc).
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -106,26 +105,6 @@ class PageHooksTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
   }
 
-  // Fills block b on every device with `byte` through the pool's mapping.
-  static void Fill(PagePool& pool, BlockId b, char byte) {
-    const int64_t stride = pool.geometry().block_stride().value();
-    for (int i = 0; i < pool.geometry().device_count(); ++i) {
-      std::memset(reinterpret_cast<void*>(pool.range_base(i) + b * stride),
-                  byte, stride);
-    }
-  }
-  // Bytes of block b (every device) that are not `byte`.
-  static int64_t Differing(PagePool& pool, BlockId b, char byte) {
-    const int64_t stride = pool.geometry().block_stride().value();
-    int64_t n = 0;
-    for (int i = 0; i < pool.geometry().device_count(); ++i) {
-      const char* p =
-          reinterpret_cast<const char*>(pool.range_base(i) + b * stride);
-      for (int64_t j = 0; j < stride; ++j) n += p[j] != byte;
-    }
-    return n;
-  }
-
   HostBackend host_;
   FaultInjectingBackend backend_;
   DeviceBudgets budgets_;
@@ -219,47 +198,6 @@ TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
   EXPECT_TRUE(pool->Shutdown(/*force=*/true).ok());
   EXPECT_EQ(OpenFds(), baseline);
   pool->RemovePageListener(&l);
-}
-
-TEST_F(PageHooksTest, BlocksPassingToAnotherHolderAreZeroedOnlyThen) {
-  auto pool = MakePool(/*max_idle=*/4);
-  const std::vector<BlockId> a = Alloc(*pool, 4, "engine-a");  // page 0
-  for (BlockId b : a) Fill(*pool, b, 'a');
-  Free(*pool, a);  // page 0 IDLE, still holding a's bytes
-
-  // The same holder gets its own data back untouched.
-  EXPECT_EQ(Alloc(*pool, 4, "engine-a"), a);
-  for (BlockId b : a) EXPECT_EQ(Differing(*pool, b, 'a'), 0);
-  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 0);
-  Free(*pool, a);
-
-  // A caller without a holder (gRPC) neither zeroes nor clears the tag.
-  EXPECT_EQ(Alloc(*pool, 2, ""), (std::vector<BlockId>{0, 1}));
-  EXPECT_EQ(Differing(*pool, 0, 'a'), 0);
-  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 0);
-  Free(*pool, {0, 1});
-
-  // Another holder gets zeros: every byte of every device.
-  EXPECT_EQ(Alloc(*pool, 3, "engine-b"), (std::vector<BlockId>{0, 1, 2}));
-  for (BlockId b : {0, 1, 2}) EXPECT_EQ(Differing(*pool, b, 0), 0);
-  EXPECT_EQ(Differing(*pool, 3, 'a'), 0);  // not handed out: untouched
-  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 3);
-  EXPECT_EQ(pool->Capacity()->allocated_blocks.value(), 3);
-  EXPECT_EQ(pool->Capacity()->reserved_blocks.value(), 0);
-
-  // Block 3 still holds a's data; b's next block is zeroed too, then a
-  // fresh page needs nothing.
-  for (BlockId b : {0, 1, 2}) Fill(*pool, b, 'b');
-  EXPECT_EQ(Alloc(*pool, 5, "engine-b"), (std::vector<BlockId>{3, 4, 5, 6, 7}));
-  EXPECT_EQ(Differing(*pool, 3, 0), 0);
-  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 4);
-
-  // Back to a: b's blocks are zeroed for it.
-  Free(*pool, {0, 1, 2, 3, 4, 5, 6, 7});
-  EXPECT_EQ(Alloc(*pool, 1, "engine-a"), (std::vector<BlockId>{0}));
-  EXPECT_EQ(Differing(*pool, 0, 0), 0);
-  EXPECT_EQ(pool->Stats().blocks_zeroed_total, 5);
-  EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
 }  // namespace
