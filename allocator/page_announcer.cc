@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace kvbroker {
 
 PageAnnouncer::PageAnnouncer(const Geometry* geometry, BundleMapper* mapper)
@@ -71,10 +73,97 @@ absl::Status PageAnnouncer::AddListener(
   return absl::OkStatus();
 }
 
-void PageAnnouncer::RemoveListener(PageListener* listener) {
+std::vector<PageId> PageAnnouncer::Revoke(absl::Span<const PageId> pages,
+                                          absl::Time deadline,
+                                          uint64_t* revocation_id) {
+  absl::MutexLock lock(&mu_);
+  *revocation_id = 0;
+  std::vector<PageId> now, known;
+  for (PageId p : pages) {
+    if (announced_[p]) {
+      announced_[p] = false;
+      --announced_count_;
+      if (!listeners_.empty()) {
+        known.push_back(p);
+        continue;
+      }
+    }
+    now.push_back(p);
+  }
+  if (known.empty()) return now;
+  const uint64_t id = next_revocation_id_++;
+  *revocation_id = id;
+  for (PageListener* l : listeners_) l->OnPagesRevoked(id, known, deadline);
+  revocations_[id] = Revocation{std::move(known), listeners_, deadline};
+  return now;
+}
+
+absl::StatusOr<std::vector<PageId>> PageAnnouncer::Ack(PageListener* listener,
+                                                       uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = revocations_.find(id);
+  if (it == revocations_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("revocation ", id, " is not pending"));
+  }
+  std::vector<PageListener*>& waiting = it->second.waiting;
+  auto w = std::find(waiting.begin(), waiting.end(), listener);
+  if (w == waiting.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("revocation ", id, " is not pending for this listener"));
+  }
+  waiting.erase(w);
+  if (!waiting.empty()) return std::vector<PageId>{};
+  std::vector<PageId> done = std::move(it->second.pages);
+  revocations_.erase(it);
+  return done;
+}
+
+void PageAnnouncer::CancelRevocations() {
+  absl::MutexLock lock(&mu_);
+  revocations_.clear();
+}
+
+int64_t PageAnnouncer::pending_revocations(const PageListener* listener) const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, r] : revocations_) {
+    n += std::count(r.waiting.begin(), r.waiting.end(), listener);
+  }
+  return n;
+}
+
+int64_t PageAnnouncer::overdue_pages(const PageListener* listener,
+                                     absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, r] : revocations_) {
+    if (r.deadline < now && std::count(r.waiting.begin(), r.waiting.end(),
+                                       listener) > 0) {
+      n += static_cast<int64_t>(r.pages.size());
+    }
+  }
+  return n;
+}
+
+std::vector<PageId> PageAnnouncer::RemoveListener(PageListener* listener) {
   absl::MutexLock lock(&mu_);
   listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), listener),
                    listeners_.end());
+  std::vector<PageId> done;
+  for (auto it = revocations_.begin(); it != revocations_.end();) {
+    std::vector<PageListener*>& waiting = it->second.waiting;
+    waiting.erase(std::remove(waiting.begin(), waiting.end(), listener),
+                  waiting.end());
+    if (waiting.empty()) {
+      done.insert(done.end(), it->second.pages.begin(),
+                  it->second.pages.end());
+      revocations_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return done;
 }
 
 int64_t PageAnnouncer::listeners() const {

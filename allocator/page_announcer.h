@@ -12,6 +12,11 @@
 //     registration, the snapshot of every announced page. A page is thus
 //     either in a listener's snapshot or announced to it later, never both
 //     and never neither.
+//   - Revoke: pages are about to be unmapped, but listeners know them: each
+//     listener is told (one revocation id per call) and the pages wait,
+//     out of use, until every one of them acknowledges (Ack) or leaves
+//     (RemoveListener); those calls return the pages that are then free to
+//     unmap. Pages no listener knows are returned at once.
 // Handles are exported lazily: the first time a page is announced while a
 // listener exists, or named in a snapshot. A pool nobody listens to never
 // exports.
@@ -29,8 +34,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "allocator/bundle_mapper.h"
@@ -53,6 +61,28 @@ class PageAnnouncer {
   // unmaps it next.
   void Withdraw(absl::Span<const PageId> pages) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Of `pages` (each mapped, announced or not, and held in flight by the
+  // caller, which meant to unmap it), withdraws them all and returns those
+  // the caller may unmap now; the others wait for acknowledgements under
+  // `*revocation_id` (0 when none wait).
+  std::vector<PageId> Revoke(absl::Span<const PageId> pages,
+                             absl::Time deadline, uint64_t* revocation_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // `listener` acknowledges revocation `id`. Returns the pages now free to
+  // unmap (empty while other listeners have yet to answer). NOT_FOUND when
+  // `id` is not pending for `listener`.
+  absl::StatusOr<std::vector<PageId>> Ack(PageListener* listener, uint64_t id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets every pending revocation (the pool is shutting down and unmaps
+  // the pages itself).
+  void CancelRevocations() ABSL_LOCKS_EXCLUDED(mu_);
+  // Revocations `listener` has yet to acknowledge, and how many of their
+  // pages are past their deadline at `now`.
+  int64_t pending_revocations(const PageListener* listener) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t overdue_pages(const PageListener* listener, absl::Time now) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Registers `listener` and calls `snapshot` (with the lock held, so no
   // page is announced or withdrawn meanwhile) with every announced page in
   // ascending order. Errors: the backend's export error (nothing is
@@ -61,8 +91,10 @@ class PageAnnouncer {
       PageListener* listener,
       absl::FunctionRef<void(absl::Span<const MappedPage>)> snapshot)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // After it returns, `listener` is never called again.
-  void RemoveListener(PageListener* listener) ABSL_LOCKS_EXCLUDED(mu_);
+  // After it returns, `listener` is never called again. Its pending
+  // revocations count as acknowledged: returns the pages now free to unmap.
+  std::vector<PageId> RemoveListener(PageListener* listener)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   int64_t listeners() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t announced_pages() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -84,6 +116,16 @@ class PageAnnouncer {
   int64_t announced_count_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t export_failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<PageListener*> listeners_ ABSL_GUARDED_BY(mu_);
+
+  // A revocation waits for the listeners in `waiting`; its pages are
+  // unmapped when none is left.
+  struct Revocation {
+    std::vector<PageId> pages;
+    std::vector<PageListener*> waiting;
+    absl::Time deadline;
+  };
+  uint64_t next_revocation_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Revocation> revocations_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvbroker

@@ -48,7 +48,16 @@ class RecordingListener : public PageListener {
           (*pool_->GetPageOccupancy({m.page}))[0].allocated_blocks.value()));
     }
   }
+  void OnPagesRevoked(uint64_t id, absl::Span<const PageId> pages,
+                      absl::Time deadline) override {
+    revocations.push_back(id);
+    revoked.insert(revoked.end(), pages.begin(), pages.end());
+    deadlines.push_back(deadline);
+  }
   PagePool* pool_;
+  std::vector<uint64_t> revocations;
+  std::vector<PageId> revoked;
+  std::vector<absl::Time> deadlines;
   std::vector<PageId> heard;
   std::vector<int> fds_per_page;
   std::vector<size_t> occupancy_at_news;
@@ -75,6 +84,7 @@ class PageHooksTest : public ::testing::Test {
     PoolOptions o;
     o.min_idle_pages = 0;
     o.max_idle_pages = max_idle;
+    o.revoke_timeout = absl::Seconds(5);
     auto pool = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
     EXPECT_TRUE(pool.ok()) << pool.status();
     return pool.ok() ? *std::move(pool) : nullptr;
@@ -144,16 +154,36 @@ TEST_F(PageHooksTest, ListenersHearOfPagesBeforeTheirBlocksAndSnapshotsAgree) {
   // Already exported: the snapshot reuses the fds.
   EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 4);
 
-  // Freeing page 0 unmaps it (max_idle 0); a new snapshot omits it.
+  // Freeing page 0 would unmap it (max_idle 0), but both listeners map it:
+  // it is revoked, and out of use until both let go. 32 blocks, 2
+  // allocated on page 1, page 0 neither available nor FREE.
   Free(*pool, {six.begin(), six.begin() + 4});
+  EXPECT_EQ(early.revoked, (std::vector<PageId>{0}));
+  EXPECT_EQ(late.revocations, early.revocations);
+  CapacitySnapshot c = *pool->Capacity();
+  EXPECT_EQ(c.pages_revoking.value(), 1);
+  EXPECT_EQ(c.pages_quarantined.value(), 0);
+  EXPECT_EQ(c.pages_mapping.value(), 0);
+  EXPECT_EQ(c.available_blocks.value(), 26);
+  EXPECT_EQ(pool->pending_revocations(&early), 1);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+  // Leaving counts as letting go; the page still waits for `early`.
   pool->RemovePageListener(&late);
-  ASSERT_TRUE(pool->AddPageListener(&late,
-                                    [&](auto pages) {
-                                      snapshot.clear();
-                                      for (const MappedPage& m : pages)
-                                        snapshot.push_back(m.page);
-                                    })
-                  .ok());
+  EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 1);
+  EXPECT_TRUE(absl::IsNotFound(
+      pool->AckRevocation(&late, late.revocations.front())));
+  ASSERT_TRUE(pool->AckRevocation(&early, early.revocations.front()).ok());
+  c = *pool->Capacity();
+  EXPECT_EQ(c.pages_revoking.value(), 0);
+  EXPECT_EQ(c.available_blocks.value(), 30);
+  EXPECT_EQ(pool->pending_revocations(&early), 0);
+  EXPECT_TRUE(absl::IsNotFound(
+      pool->AckRevocation(&early, early.revocations.front())));
+  // A new snapshot omits it.
+  ASSERT_TRUE(pool->AddPageListener(&late, [&](auto pages) {
+                    snapshot.clear();
+                    for (const MappedPage& m : pages) snapshot.push_back(m.page);
+                  }).ok());
   EXPECT_EQ(snapshot, (std::vector<PageId>{1}));
   EXPECT_EQ(pool->announced_pages(), 1);
 
@@ -177,7 +207,10 @@ TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
   const std::vector<BlockId> twelve = Alloc(*pool, 12, "");  // pages 0-2
   // A memfd per handle (host backend) and its export.
   EXPECT_EQ(OpenFds(), baseline + 6 + 6);
-  Free(*pool, twelve);  // one page stays IDLE, two are unmapped
+  Free(*pool, twelve);  // one page stays IDLE, two are revoked
+  EXPECT_EQ(OpenFds(), baseline + 6 + 6);
+  ASSERT_EQ(l.revocations.size(), 1u);
+  ASSERT_TRUE(pool->AckRevocation(&l, l.revocations[0]).ok());
   EXPECT_EQ(OpenFds(), baseline + 2 + 2);
 
   // A failed mapping rolls back: the pages it mapped never announced,
@@ -190,14 +223,56 @@ TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
   EXPECT_EQ(l.heard.size(), 3u);
   EXPECT_EQ(OpenFds(), baseline + 2 + 2);
 
-  // Forced shutdown with blocks allocated closes everything.
+  // Forced shutdown with blocks allocated and a page still revoking
+  // closes everything.
   backend_.ClearFaults();
-  Alloc(*pool, 5, "");
-  EXPECT_EQ(l.heard.size(), 4u);
-  EXPECT_EQ(OpenFds(), baseline + 4 + 4);
+  const std::vector<BlockId> nine = Alloc(*pool, 9, "");  // IDLE + 2 new
+  EXPECT_EQ(l.heard.size(), 5u);
+  EXPECT_EQ(OpenFds(), baseline + 6 + 6);
+  Free(*pool, {nine.begin(), nine.begin() + 4});  // kept IDLE
+  Free(*pool, {nine.back()});  // alone on its page: revoked
+  EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 1);
+  EXPECT_EQ(OpenFds(), baseline + 6 + 6);
   EXPECT_TRUE(pool->Shutdown(/*force=*/true).ok());
   EXPECT_EQ(OpenFds(), baseline);
   pool->RemovePageListener(&l);
+}
+
+TEST_F(PageHooksTest, UnacknowledgedRevocationQuarantinesUntilTheListenerGoes) {
+  auto pool = MakePool(/*max_idle=*/0);
+  RecordingListener l(pool.get());
+  ASSERT_TRUE(pool->AddPageListener(&l, [](auto) {}).ok());
+  const std::vector<BlockId> four = Alloc(*pool, 4, "");  // page 0
+  const Bytes charged = budgets_.Snapshot(0).charged;
+  Free(*pool, four);
+  ASSERT_EQ(l.deadlines.size(), 1u);
+  EXPECT_EQ(l.deadlines[0], clock_.Now() + absl::Seconds(5));
+  EXPECT_EQ(pool->quarantined_pages(&l), 0);
+
+  clock_.Advance(absl::Seconds(6));
+  CapacitySnapshot c = *pool->Capacity();
+  EXPECT_EQ(c.pages_revoking.value(), 0);
+  EXPECT_EQ(c.pages_quarantined.value(), 1);
+  EXPECT_EQ(c.pages_free.value(), 7);
+  EXPECT_EQ(c.available_blocks.value(), 28);
+  EXPECT_EQ(pool->quarantined_pages(&l), 1);
+  // Still charged: its memory has not gone back to the device.
+  EXPECT_EQ(budgets_.Snapshot(0).charged, charged);
+  // Not reused: the whole pool cannot be had, the rest can.
+  AllocRequest all;
+  all.num_blocks = 32;
+  EXPECT_FALSE(pool->Alloc(all).ok());
+  EXPECT_EQ(Alloc(*pool, 28, "").size(), 28u);
+  EXPECT_EQ(pool->Capacity()->available_blocks.value(), 0);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+
+  // The listener leaves: the page is unmapped and FREE again.
+  pool->RemovePageListener(&l);
+  c = *pool->Capacity();
+  EXPECT_EQ(c.pages_quarantined.value(), 0);
+  EXPECT_EQ(c.pages_free.value(), 1);
+  EXPECT_EQ(c.available_blocks.value(), 4);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
 }  // namespace

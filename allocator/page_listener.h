@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocator/units.h"
 
@@ -32,6 +33,16 @@ class PageListener {
   // the pool's announcement lock held: it must not call into the pool, and
   // should only queue work (it delays that mapping call).
   virtual void OnPagesMapped(absl::Span<const MappedPage> pages) = 0;
+
+  // The pool wants to unmap `pages`, which this listener knows as mapped.
+  // The listener has its engine unmap them and then calls
+  // PagePool::AckRevocation(this, revocation_id); leaving (RemovePageListener)
+  // counts as acknowledging. Until every listener told has acknowledged,
+  // the pages are out of use: REVOKING, and QUARANTINED once `deadline`
+  // (pool clock) has passed. Same calling rules as OnPagesMapped.
+  virtual void OnPagesRevoked(uint64_t revocation_id,
+                              absl::Span<const PageId> pages,
+                              absl::Time deadline) = 0;
 };
 
 }  // namespace kvbroker

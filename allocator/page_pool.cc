@@ -142,15 +142,19 @@ absl::Status PagePool::Shutdown(bool force) {
   for (PageId p = 0; p < geometry_.page_count().value(); ++p) {
     const PageState s = ledger_.page(p).state;
     if (s == PageState::kIdle || s == PageState::kOpen ||
-        s == PageState::kFull) {
+        s == PageState::kFull || revoking_.contains(p)) {
       pages.push_back({p});
     }
   }
+  // Engines that still map revoked pages keep their memory alive through
+  // their own imports; the pool's handles go now.
+  revoking_.clear();
   int64_t leaked = 0;
   WithoutLock([&] {
     std::vector<PageId> ids;
     for (const Unmap& u : pages) ids.push_back(u.page);
     announcer_.Withdraw(ids);
+    announcer_.CancelRevocations();
     for (Unmap& u : pages) {
       u.status = mapper_.Unmap(u.page, &u.took);
       if (!u.status.ok()) ++leaked;
@@ -383,15 +387,43 @@ void PagePool::ReturnBlocksLocked(absl::Span<const BlockId> ascending,
 int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
                                        std::string* log) {
   if (unmaps->empty()) return 0;
+  // Registered before the lock drops: an engine's acknowledgement may land
+  // a revoked page (UnmapRevoked) before this call retakes it.
+  const absl::Time deadline = clock_->Now() + options_.revoke_timeout;
+  for (const Unmap& u : *unmaps) revoking_[u.page] = deadline;
+  std::vector<PageId> ids;
+  ids.reserve(unmaps->size());
+  for (const Unmap& u : *unmaps) ids.push_back(u.page);
+  std::vector<PageId> now;
   ++calls_in_flight_;
   WithoutLock([&] {
-    std::vector<PageId> ids;
-    ids.reserve(unmaps->size());
-    for (const Unmap& u : *unmaps) ids.push_back(u.page);
-    announcer_.Withdraw(ids);
-    for (Unmap& u : *unmaps) u.status = mapper_.Unmap(u.page, &u.took);
+    uint64_t revocation = 0;
+    now = announcer_.Revoke(ids, deadline, &revocation);
+    size_t i = 0;
+    for (Unmap& u : *unmaps) {
+      if (i < now.size() && now[i] == u.page) {
+        u.status = mapper_.Unmap(u.page, &u.took);
+        ++i;
+      }
+    }
   });
   --calls_in_flight_;
+  // Pages engines know stay REVOKING; the others land now.
+  std::vector<Unmap> done;
+  size_t i = 0;
+  for (Unmap& u : *unmaps) {
+    if (i < now.size() && now[i] == u.page) {
+      revoking_.erase(u.page);
+      done.push_back(std::move(u));
+      ++i;
+    }
+  }
+  unmaps->clear();
+  return LandUnmapsLocked(&done, log);
+}
+
+int64_t PagePool::LandUnmapsLocked(std::vector<Unmap>* unmaps,
+                                   std::string* log) {
   int64_t landed = 0;
   bool any_failed = false;
   for (const Unmap& u : *unmaps) {
@@ -418,6 +450,31 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
   }
   if (landed > 0) BumpGenerationLocked();
   return landed;
+}
+
+void PagePool::UnmapRevoked(const std::vector<PageId>& pages) {
+  if (pages.empty()) return;
+  Epilogue epi;
+  {
+    absl::MutexLock lock(&mu_);
+    epi.before = generation_;
+    std::vector<Unmap> unmaps;
+    for (PageId p : pages) {
+      // Shutdown may have unmapped it already.
+      if (revoking_.erase(p) > 0) unmaps.push_back({p});
+    }
+    if (!unmaps.empty()) {
+      ++calls_in_flight_;
+      WithoutLock([&] {
+        for (Unmap& u : unmaps) u.status = mapper_.Unmap(u.page, &u.took);
+      });
+      --calls_in_flight_;
+      LandUnmapsLocked(&unmaps, &epi.log);
+      SettleLimitLocked();
+    }
+    CloseLocked(&epi);
+  }
+  RunEpilogue(epi);
 }
 
 void PagePool::SettleLimitLocked() {
@@ -936,7 +993,14 @@ absl::Status PagePool::AddPageListener(
 }
 
 void PagePool::RemovePageListener(PageListener* listener) {
-  announcer_.RemoveListener(listener);
+  UnmapRevoked(announcer_.RemoveListener(listener));
+}
+
+absl::Status PagePool::AckRevocation(PageListener* listener, uint64_t id) {
+  absl::StatusOr<std::vector<PageId>> done = announcer_.Ack(listener, id);
+  if (!done.ok()) return done.status();
+  UnmapRevoked(*done);
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------
@@ -1029,9 +1093,17 @@ absl::Status PagePool::CheckInvariantsLocked() const {
       ledger_.reserved().value()) {
     return fail("reservation totals");
   }
-  if (calls_in_flight_ == 0 && ledger_.pages_in_flight().value() > 0) {
+  for (const auto& [p, deadline] : revoking_) {
+    if (ledger_.page(p).state != PageState::kMapping) {
+      return fail("revoking page ", p, " is ",
+                  PageStateName(ledger_.page(p).state));
+    }
+  }
+  if (calls_in_flight_ == 0 && ledger_.pages_in_flight().value() >
+                                   static_cast<int64_t>(revoking_.size())) {
     return fail(ledger_.pages_in_flight().value(),
-                " page(s) in flight with no call in flight");
+                " page(s) in flight with no call in flight and ",
+                revoking_.size(), " revoking");
   }
   const int64_t admitted = ledger_.admitted_pages().value();
   if (limit_state_ != LimitState::kDeferred && admitted > target_pages_) {

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -197,8 +198,24 @@ class PagePool {
       PageListener* listener,
       absl::FunctionRef<void(absl::Span<const MappedPage>)> snapshot)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // After it returns `listener` is never called again.
+  // After it returns `listener` is never called again; its pending
+  // revocations count as acknowledged (their pages may be unmapped now, on
+  // this thread).
   void RemovePageListener(PageListener* listener) ABSL_LOCKS_EXCLUDED(mu_);
+  // `listener` has had its engine unmap the pages of revocation `id`; once
+  // every listener told has, they are unmapped (on this thread) and land
+  // where their unmap was headed. Errors: NOT_FOUND when `id` is not
+  // pending for `listener`.
+  absl::Status AckRevocation(PageListener* listener, uint64_t id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Revocations `listener` has yet to acknowledge, and their pages past the
+  // deadline (QUARANTINED), for operators.
+  int64_t pending_revocations(const PageListener* listener) const {
+    return announcer_.pending_revocations(listener);
+  }
+  int64_t quarantined_pages(const PageListener* listener) const {
+    return announcer_.overdue_pages(listener, clock_->Now());
+  }
   // Pages mapped and announced to listeners (for tests and operators).
   int64_t announced_pages() const { return announcer_.announced_pages(); }
 
@@ -299,8 +316,16 @@ class PagePool {
   // Unmaps the pages in `unmaps` without the lock, then lands them (or, for
   // a failed unmap, fails the pool and keeps the page IDLE). Returns the
   // pages unmapped; clears `unmaps`.
+  // Pages engines know stay in flight, REVOKING, until acknowledged
+  // (UnmapRevoked lands them later).
   int64_t CompleteUnmapsLocked(std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lands finished unmaps (FREE or RECLAIMED; a failed one fails the pool
+  // and stays IDLE). Returns the pages landed; clears `unmaps`.
+  int64_t LandUnmapsLocked(std::vector<Unmap>* unmaps, std::string* log)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps and lands revoked pages every engine has let go of.
+  void UnmapRevoked(const std::vector<PageId>& pages) ABSL_LOCKS_EXCLUDED(mu_);
   // After blocks were returned: completes a deferred shrink when possible.
   void SettleLimitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves RECLAIMED ids to the front of the FREE list until the pool admits
@@ -386,6 +411,11 @@ class PagePool {
 
   PageLedger ledger_ ABSL_GUARDED_BY(mu_);
   HolderTags tags_ ABSL_GUARDED_BY(mu_);
+  // Pages in flight waiting for engines to let go (REVOKING), by the
+  // deadline after which they count as QUARANTINED. Each is in the ledger's
+  // in-flight set with its landing, charged to the budget, owned by no
+  // call; UnmapRevoked or Shutdown removes it.
+  absl::flat_hash_map<PageId, absl::Time> revoking_ ABSL_GUARDED_BY(mu_);
   ReservationTable reservations_ ABSL_GUARDED_BY(mu_);
   IdempotencyWindow remembered_ ABSL_GUARDED_BY(mu_);
   PoolStats stats_ ABSL_GUARDED_BY(mu_);

@@ -94,6 +94,17 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
     c.total_blocks = ledger_.admitted_usable();
     c.pages_free = ledger_.pages(PageState::kFree);
     c.pages_mapping = ledger_.pages(PageState::kMapping);
+    if (!revoking_.empty()) {  // the common case reads no clock
+      const absl::Time now = clock_->Now();
+      for (const auto& [p, deadline] : revoking_) {
+        if (deadline < now) {
+          c.pages_quarantined += PageCount(1);
+        } else {
+          c.pages_revoking += PageCount(1);
+        }
+      }
+      c.pages_mapping -= c.pages_revoking + c.pages_quarantined;
+    }
     c.pages_idle = ledger_.pages(PageState::kIdle);
     c.pages_open = ledger_.pages(PageState::kOpen);
     c.pages_full = ledger_.pages(PageState::kFull);

@@ -122,6 +122,8 @@ class AttachServer::Session {
   const std::string& holder() const { return holder_; }
   int64_t pid() const { return pid_; }
   const std::string& pool_name() const { return pool_name_; }
+  // The page-delivery fields of `info`; called under the server's lock.
+  void FillPageInfo(SessionInfo* info) const;
   // Whether the engine asked for its blocks to go now (SessionEnd.release).
   bool release_on_end() const { return release_on_end_; }
   absl::Duration grace() const { return grace_; }
@@ -144,8 +146,11 @@ class AttachServer::Session {
   absl::StatusOr<int64_t> SubscribeToPages(const std::vector<int>& devices);
   // Sends what the outbox holds; false when the session must end.
   bool FlushOutbox();
-  // Unregisters the outbox from the pool (the session ends).
+  // Unregisters the outbox from the pool (the session ends); its pending
+  // revocations count as acknowledged.
   void UnsubscribeFromPages();
+  // The engine unmapped a revocation's pages. Answered only when refused.
+  void OnRevokeAck(uint64_t seq, const v1::RevokeAck& ack);
   // Refuses a pool operation before Attach or naming another pool.
   absl::Status CheckPool(absl::string_view pool) const;
   // Allocates through the pool and records the blocks as the holder's.
@@ -246,10 +251,7 @@ bool AttachServer::Session::Handle(ReceivedFrame received) {
       Reply(seq, OnCapacity(f.capacity()));
       return true;
     case v1::Frame::kRevokeAck:
-      Reply(seq, ProtocolFailure(
-                     v1::UNKNOWN_REVOCATION,
-                     absl::StrCat("revocation ", f.revoke_ack().revoke_id(),
-                                  " is not pending on this session")));
+      OnRevokeAck(seq, f.revoke_ack());
       return true;
     case v1::Frame::kSessionEnd:
       release_on_end_ = f.session_end().release();
@@ -483,6 +485,25 @@ bool AttachServer::Session::FlushOutbox() {
     return false;
   }
   return outbox_.Drain(channel_).ok();
+}
+
+void AttachServer::Session::OnRevokeAck(uint64_t seq,
+                                        const v1::RevokeAck& ack) {
+  absl::Status s = subscribed_
+                       ? pool_->AckRevocation(&outbox_, ack.revoke_id())
+                       : absl::NotFoundError("not attached");
+  if (!s.ok()) {
+    Reply(seq, ProtocolFailure(v1::UNKNOWN_REVOCATION,
+                               absl::StrCat("revocation ", ack.revoke_id(),
+                                            " is not pending on this session")));
+  }
+}
+
+void AttachServer::Session::FillPageInfo(SessionInfo* info) const {
+  info->pages_sent = outbox_.pages_sent();
+  if (pool_ == nullptr) return;
+  info->pending_revocations = pool_->pending_revocations(&outbox_);
+  info->quarantined_pages = pool_->quarantined_pages(&outbox_);
 }
 
 void AttachServer::Session::UnsubscribeFromPages() {
@@ -797,6 +818,7 @@ std::vector<SessionInfo> AttachServer::Sessions() const {
     info.holder = s->holder();
     info.pid = s->pid();
     info.pool = s->pool_name();
+    s->FillPageInfo(&info);
     auto it = holders_.find(s->holder());
     if (it != holders_.end()) {
       info.blocks = static_cast<int64_t>(it->second.blocks.size());

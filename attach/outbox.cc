@@ -61,6 +61,19 @@ int64_t Outbox::QueueSnapshot(absl::Span<const MappedPage> pages,
   return static_cast<int64_t>(pages.size());
 }
 
+void Outbox::OnPagesRevoked(uint64_t revocation_id,
+                            absl::Span<const PageId> pages,
+                            absl::Time deadline) {
+  v1::Frame f;
+  v1::Revoke* r = f.mutable_revoke();
+  r->set_revoke_id(revocation_id);
+  for (PageId p : pages) r->add_page_ids(p);
+  const int64_t ns = absl::ToUnixNanos(deadline);
+  r->mutable_deadline()->set_seconds(ns / 1000000000);
+  r->mutable_deadline()->set_nanos(static_cast<int32_t>(ns % 1000000000));
+  Queue(std::move(f));
+}
+
 void Outbox::Queue(v1::Frame frame) {
   absl::MutexLock lock(&mu_);
   queue_.push_back({std::move(frame), {}});

@@ -56,6 +56,9 @@ class Outbox : public PageListener {
   // The same with `seq` (an attach's snapshot); returns the pages queued.
   int64_t QueueSnapshot(absl::Span<const MappedPage> pages, uint64_t seq)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A Revoke frame (seq 0) for the pool's revocation.
+  void OnPagesRevoked(uint64_t revocation_id, absl::Span<const PageId> pages,
+                      absl::Time deadline) override ABSL_LOCKS_EXCLUDED(mu_);
   // Any other frame the daemon starts.
   void Queue(v1::Frame frame) ABSL_LOCKS_EXCLUDED(mu_);
 

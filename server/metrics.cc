@@ -90,7 +90,8 @@ std::vector<MetricFamily> BrokerCollector::Collect() const {
         {"free", c->pages_free},  {"mapping", c->pages_mapping},
         {"idle", c->pages_idle},  {"open", c->pages_open},
         {"full", c->pages_full},  {"reclaimed", c->pages_reclaimed},
-        {"empty", c->pages_empty}};
+        {"empty", c->pages_empty},  {"revoking", c->pages_revoking},
+        {"quarantined", c->pages_quarantined}};
     for (const auto& [state, n] : states) {
       e.Add("kvbroker_pool_pages", MetricType::Gauge,
             "Pages of the pool by state.", {p, {"state", state}},
