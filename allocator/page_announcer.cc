@@ -146,6 +146,11 @@ int64_t PageAnnouncer::overdue_pages(const PageListener* listener,
   return n;
 }
 
+int64_t PageAnnouncer::revocations() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(revocations_.size());
+}
+
 std::vector<PageId> PageAnnouncer::RemoveListener(PageListener* listener) {
   absl::MutexLock lock(&mu_);
   listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), listener),

@@ -82,6 +82,8 @@ class PageAnnouncer {
       ABSL_LOCKS_EXCLUDED(mu_);
   int64_t overdue_pages(const PageListener* listener, absl::Time now) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Revocations waiting for any listener.
+  int64_t revocations() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Registers `listener` and calls `snapshot` (with the lock held, so no
   // page is announced or withdrawn meanwhile) with every announced page in

@@ -216,6 +216,9 @@ class PagePool {
   int64_t quarantined_pages(const PageListener* listener) const {
     return announcer_.overdue_pages(listener, clock_->Now());
   }
+  // Revocations waiting for some listener (per pool; the pages are counted
+  // by Capacity: pages_revoking, pages_quarantined).
+  int64_t pending_revocations() const { return announcer_.revocations(); }
   // Pages mapped and announced to listeners (for tests and operators).
   int64_t announced_pages() const { return announcer_.announced_pages(); }
 

@@ -70,6 +70,8 @@ class PageDataTest : public ::testing::Test {
     bo.start_worker = false;
     bo.min_idle_pages = 0;
     bo.max_idle_pages = 0;
+    bo.clock = &clock_;
+    bo.revoke_timeout = absl::Seconds(10);
     broker_ = *Broker::Create(backend_.get(), bo);
     pool_ = *broker_->CreatePool(Config());
     char dir[] = "/tmp/kvb-data-XXXXXX";
@@ -156,6 +158,20 @@ class PageDataTest : public ::testing::Test {
     while (!pred()) absl::SleepFor(absl::Milliseconds(1));
   }
 
+  // Round trips that let each engine handle what the daemon sent it
+  // (revocations are acknowledged), then waits until no page is left
+  // waiting for an acknowledgement.
+  void Settle(std::initializer_list<ChildProcess*> engines) {
+    for (ChildProcess* e : engines) {
+      EXPECT_TRUE(absl::StartsWith(Ask(*e, "sync"), "synced"));
+    }
+    Eventually([&] {
+      const CapacitySnapshot c = *pool_->Capacity();
+      return (c.pages_revoking + c.pages_quarantined).value() == 0;
+    });
+  }
+
+  ManualClock clock_;
   std::unique_ptr<HostBackend> backend_;
   std::unique_ptr<Broker> broker_;
   std::shared_ptr<PagePool> pool_;
@@ -177,8 +193,10 @@ TEST_F(PageDataTest, WritesOfOneEngineReadByTheDaemonAndAnotherEngine) {
   EXPECT_EQ(Ask(*a, "write 11 " + absl::StrJoin(a_ids, " ")), "wrote 12 bad 0");
   EXPECT_EQ(DaemonMismatches(11, a_ids), 0);
 
-  // A page mapped and unmapped while only A is attached.
+  // Pages mapped and unmapped while only A is attached: A is told of each,
+  // then asked to let them go.
   ChurnPages();
+  Settle({a.get()});
   EXPECT_EQ(Mapped(), 2);
 
   auto b = Engine("engine-b");
@@ -193,16 +211,19 @@ TEST_F(PageDataTest, WritesOfOneEngineReadByTheDaemonAndAnotherEngine) {
   ASSERT_EQ(b_ids.size(), 8u);
   EXPECT_EQ(Ask(*b, "write 22 " + absl::StrJoin(b_ids, " ")), "wrote 8 bad 0");
   EXPECT_EQ(DaemonMismatches(22, b_ids), 0);
-  // A learnt of the pages mapped since (2 by B, 3 and 4 by the churn) while
-  // idle; a round trip maps them. Pages unmapped meanwhile stay mapped in A
-  // (its mapping keeps their old memory) until announced again.
-  EXPECT_EQ(Ask(*a, "sync"), "synced pages=5");
+  // A learnt of page 2 while idle; a round trip maps it.
+  EXPECT_EQ(Ask(*a, "sync"), "synced pages=3");
   EXPECT_EQ(Ask(*a, "check 22 " + absl::StrJoin(b_ids, " ")),
             "checked 8 bad 0");
 
   // Pages 3 and 4 are mapped and unmapped around them, three times.
-  for (int i = 0; i < 3; ++i) ChurnPages();
+  for (int i = 0; i < 3; ++i) {
+    ChurnPages();
+    Settle({a.get(), b.get()});
+  }
   EXPECT_EQ(Mapped(), 3);
+  EXPECT_EQ(Ask(*a, "sync"), "synced pages=3");
+  EXPECT_EQ(Ask(*b, "sync"), "synced pages=3");
   EXPECT_EQ(Ask(*a, "check 11 " + absl::StrJoin(a_ids, " ")),
             "checked 12 bad 0");
   EXPECT_EQ(Ask(*b, "check 22 " + absl::StrJoin(b_ids, " ")),
@@ -279,6 +300,79 @@ TEST_F(PageDataTest, KilledEngineFreesItsBlocksAndTheNextHolderReadsZeros) {
   EXPECT_EQ(DaemonMismatches(0, {4, 5, 6, 7}), 0);
   EXPECT_EQ(DaemonMismatches(44, {0, 1, 2, 3}), 0);
   EXPECT_EQ(pool_->Stats().blocks_zeroed_total, 8);
+}
+
+TEST_F(PageDataTest, RevocationRoundTripAndQuarantine) {
+  const int baseline = *CountOpenFds();
+  auto a = Engine("engine-a");
+  ASSERT_TRUE(absl::StartsWith(a->ReadUntil("attached"), "attached"));
+  auto b = Engine("engine-b");
+  ASSERT_TRUE(absl::StartsWith(b->ReadUntil("attached"), "attached"));
+
+  // A's own Free revokes the page it emptied; the Revoke reaches A before
+  // the Free's reply, A unmaps and acknowledges, the page goes FREE.
+  EXPECT_EQ(Ask(*a, "alloc 8"), "blocks 0 1 2 3 4 5 6 7");
+  EXPECT_EQ(Ask(*a, "free 0 1 2 3 4 5 6 7"), "freed 8");
+  EXPECT_EQ(Ask(*a, "sync"), "synced pages=0");
+  // B, idle, has the page mapped too: until it answers, the page waits.
+  CapacitySnapshot c = *pool_->Capacity();
+  EXPECT_EQ(c.pages_revoking.value(), 1);
+  EXPECT_EQ(c.available_blocks.value(), 32);
+  Settle({b.get()});
+  c = *pool_->Capacity();
+  EXPECT_EQ(c.pages_free.value(), 5);
+  EXPECT_EQ(c.available_blocks.value(), 40);
+
+  // Twice more, B does not answer in time: the page is QUARANTINED (out of
+  // capacity, visible per pool and per session) until B acknowledges late,
+  // then until B is killed.
+  for (const char* how : {"late ack", "kill -9"}) {
+    SCOPED_TRACE(how);
+    const std::vector<int64_t> ids = Ids(Ask(*a, "alloc 8"));
+    ASSERT_EQ(ids.size(), 8u);
+    EXPECT_TRUE(absl::StartsWith(
+        Ask(*a, "free " + absl::StrJoin(ids, " ")), "freed 8"));
+    // A has acknowledged (the daemon reads it after the Free's reply).
+    Eventually([&] {
+      for (const SessionInfo& s : server_->Sessions()) {
+        if (s.holder == "engine-a" && s.pending_revocations != 0) return false;
+      }
+      return true;
+    });
+    EXPECT_EQ(pool_->pending_revocations(), 1);
+    clock_.Advance(absl::Seconds(11));
+    c = *pool_->Capacity();
+    EXPECT_EQ(c.pages_revoking.value(), 0);
+    EXPECT_EQ(c.pages_quarantined.value(), 1);
+    EXPECT_EQ(c.pages_free.value(), 4);
+    EXPECT_EQ(c.available_blocks.value(), 32);
+    EXPECT_TRUE(pool_->CheckInvariants().ok());
+    for (const SessionInfo& s : server_->Sessions()) {
+      EXPECT_EQ(s.quarantined_pages, s.holder == "engine-b" ? 1 : 0);
+      EXPECT_EQ(s.pending_revocations, s.holder == "engine-b" ? 1 : 0);
+    }
+    if (std::string(how) == "late ack") {
+      Settle({b.get()});
+    } else {
+      b->Kill(SIGKILL);
+      Eventually([&] { return server_->Sessions().size() == 1; });
+      Settle({});
+    }
+    c = *pool_->Capacity();
+    EXPECT_EQ(c.pages_quarantined.value(), 0);
+    EXPECT_EQ(c.pages_free.value(), 5);
+    EXPECT_EQ(c.available_blocks.value(), 40);
+  }
+
+  EXPECT_TRUE(a->WriteLine("end release"));
+  EXPECT_EQ(a->Wait(), 0);
+  a.reset();
+  b.reset();
+  Eventually([&] { return server_->Sessions().empty(); });
+  for (int i = 0; i < 20000 && *CountOpenFds() != baseline; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(*CountOpenFds(), baseline);
 }
 
 }  // namespace
