@@ -138,8 +138,8 @@ int64_t PageAnnouncer::overdue_pages(const PageListener* listener,
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
   for (const auto& [id, r] : revocations_) {
-    if (r.deadline < now && std::count(r.waiting.begin(), r.waiting.end(),
-                                       listener) > 0) {
+    if (r.deadline < now &&
+        std::count(r.waiting.begin(), r.waiting.end(), listener) > 0) {
       n += static_cast<int64_t>(r.pages.size());
     }
   }
@@ -161,8 +161,7 @@ std::vector<PageId> PageAnnouncer::RemoveListener(PageListener* listener) {
     waiting.erase(std::remove(waiting.begin(), waiting.end(), listener),
                   waiting.end());
     if (waiting.empty()) {
-      done.insert(done.end(), it->second.pages.begin(),
-                  it->second.pages.end());
+      done.insert(done.end(), it->second.pages.begin(), it->second.pages.end());
       revocations_.erase(it++);
     } else {
       ++it;

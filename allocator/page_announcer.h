@@ -31,6 +31,7 @@
 #define KVBROKER_ALLOCATOR_PAGE_ANNOUNCER_H_
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -38,8 +39,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocator/bundle_mapper.h"
 #include "allocator/geometry.h"
@@ -127,7 +128,8 @@ class PageAnnouncer {
     absl::Time deadline;
   };
   uint64_t next_revocation_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint64_t, Revocation> revocations_ ABSL_GUARDED_BY(mu_);
+  // Ordered by id: revocations completed together land oldest first.
+  std::map<uint64_t, Revocation> revocations_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvbroker

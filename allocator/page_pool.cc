@@ -471,6 +471,8 @@ void PagePool::UnmapRevoked(const std::vector<PageId>& pages) {
       --calls_in_flight_;
       LandUnmapsLocked(&unmaps, &epi.log);
       SettleLimitLocked();
+      // A limit raised while they were leaving may have room for them.
+      if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();
     }
     CloseLocked(&epi);
   }

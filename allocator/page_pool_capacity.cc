@@ -314,6 +314,18 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
         ledger_.BeginUnmap(p, Landing::kReclaimedFront);
         unmaps.push_back({p});
       }
+      // Then pages leaving for FREE while engines let go of them (REVOKING)
+      // are sent to RECLAIMED instead, lowest page id first.
+      if (over() && !revoking_.empty()) {
+        std::vector<PageId> leaving;
+        for (const auto& [p, deadline] : revoking_) leaving.push_back(p);
+        std::sort(leaving.begin(), leaving.end());
+        for (PageId p : leaving) {
+          if (!over()) break;
+          if (ledger_.page(p).landing != Landing::kFreeBack) continue;
+          ledger_.Redirect(p, Landing::kReclaimedFront);
+        }
+      }
       limit_state_ = over() ? LimitState::kDeferred : LimitState::kApplied;
       if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();
       BumpGenerationLocked();
