@@ -414,11 +414,17 @@ class PagePool {
 
   PageLedger ledger_ ABSL_GUARDED_BY(mu_);
   HolderTags tags_ ABSL_GUARDED_BY(mu_);
-  // Pages in flight waiting for engines to let go (REVOKING), by the
-  // deadline after which they count as QUARANTINED. Each is in the ledger's
-  // in-flight set with its landing, charged to the budget, owned by no
-  // call; UnmapRevoked or Shutdown removes it.
-  absl::flat_hash_map<PageId, absl::Time> revoking_ ABSL_GUARDED_BY(mu_);
+  // Pages being unmapped that engines may know: registered (with the
+  // deadline after which they count as QUARANTINED) by the call that
+  // unmaps them, marked `revoked` once engines were asked to let go
+  // (REVOKING); from then on no call owns them. Each is in the ledger's
+  // in-flight set with its landing and charged to the budget; the unmapping
+  // call (pages nobody knew), UnmapRevoked or Shutdown removes it.
+  struct Leaving {
+    absl::Time deadline;
+    bool revoked = false;
+  };
+  absl::flat_hash_map<PageId, Leaving> revoking_ ABSL_GUARDED_BY(mu_);
   ReservationTable reservations_ ABSL_GUARDED_BY(mu_);
   IdempotencyWindow remembered_ ABSL_GUARDED_BY(mu_);
   PoolStats stats_ ABSL_GUARDED_BY(mu_);

@@ -96,8 +96,9 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
     c.pages_mapping = ledger_.pages(PageState::kMapping);
     if (!revoking_.empty()) {  // the common case reads no clock
       const absl::Time now = clock_->Now();
-      for (const auto& [p, deadline] : revoking_) {
-        if (deadline < now) {
+      for (const auto& [p, leaving] : revoking_) {
+        if (!leaving.revoked) continue;  // still its unmapping call's
+        if (leaving.deadline < now) {
           c.pages_quarantined += PageCount(1);
         } else {
           c.pages_revoking += PageCount(1);
@@ -318,7 +319,7 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
       // are sent to RECLAIMED instead, lowest page id first.
       if (over() && !revoking_.empty()) {
         std::vector<PageId> leaving;
-        for (const auto& [p, deadline] : revoking_) leaving.push_back(p);
+        for (const auto& [p, l] : revoking_) leaving.push_back(p);
         std::sort(leaving.begin(), leaving.end());
         for (PageId p : leaving) {
           if (!over()) break;
