@@ -170,20 +170,23 @@ TEST_F(PageHooksTest, ListenersHearOfPagesBeforeTheirBlocksAndSnapshotsAgree) {
   // Leaving counts as letting go; the page still waits for `early`.
   pool->RemovePageListener(&late);
   EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 1);
-  EXPECT_TRUE(absl::IsNotFound(
-      pool->AckRevocation(&late, late.revocations.front())));
+  EXPECT_TRUE(
+      absl::IsNotFound(pool->AckRevocation(&late, late.revocations.front())));
   ASSERT_TRUE(pool->AckRevocation(&early, early.revocations.front()).ok());
   c = *pool->Capacity();
   EXPECT_EQ(c.pages_revoking.value(), 0);
   EXPECT_EQ(c.available_blocks.value(), 30);
   EXPECT_EQ(pool->pending_revocations(&early), 0);
-  EXPECT_TRUE(absl::IsNotFound(
-      pool->AckRevocation(&early, early.revocations.front())));
+  EXPECT_TRUE(
+      absl::IsNotFound(pool->AckRevocation(&early, early.revocations.front())));
   // A new snapshot omits it.
-  ASSERT_TRUE(pool->AddPageListener(&late, [&](auto pages) {
-                    snapshot.clear();
-                    for (const MappedPage& m : pages) snapshot.push_back(m.page);
-                  }).ok());
+  ASSERT_TRUE(pool->AddPageListener(&late,
+                                    [&](auto pages) {
+                                      snapshot.clear();
+                                      for (const MappedPage& m : pages)
+                                        snapshot.push_back(m.page);
+                                    })
+                  .ok());
   EXPECT_EQ(snapshot, (std::vector<PageId>{1}));
   EXPECT_EQ(pool->announced_pages(), 1);
 
@@ -230,7 +233,7 @@ TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
   EXPECT_EQ(l.heard.size(), 5u);
   EXPECT_EQ(OpenFds(), baseline + 6 + 6);
   Free(*pool, {nine.begin(), nine.begin() + 4});  // kept IDLE
-  Free(*pool, {nine.back()});  // alone on its page: revoked
+  Free(*pool, {nine.back()});                     // alone on its page: revoked
   EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 1);
   EXPECT_EQ(OpenFds(), baseline + 6 + 6);
   EXPECT_TRUE(pool->Shutdown(/*force=*/true).ok());

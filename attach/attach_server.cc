@@ -250,9 +250,7 @@ bool AttachServer::Session::Handle(ReceivedFrame received) {
     case v1::Frame::kCapacity:
       Reply(seq, OnCapacity(f.capacity()));
       return true;
-    case v1::Frame::kRevokeAck:
-      OnRevokeAck(seq, f.revoke_ack());
-      return true;
+    case v1::Frame::kRevokeAck: OnRevokeAck(seq, f.revoke_ack()); return true;
     case v1::Frame::kSessionEnd:
       release_on_end_ = f.session_end().release();
       return false;
@@ -489,13 +487,13 @@ bool AttachServer::Session::FlushOutbox() {
 
 void AttachServer::Session::OnRevokeAck(uint64_t seq,
                                         const v1::RevokeAck& ack) {
-  absl::Status s = subscribed_
-                       ? pool_->AckRevocation(&outbox_, ack.revoke_id())
-                       : absl::NotFoundError("not attached");
+  absl::Status s = subscribed_ ? pool_->AckRevocation(&outbox_, ack.revoke_id())
+                               : absl::NotFoundError("not attached");
   if (!s.ok()) {
-    Reply(seq, ProtocolFailure(v1::UNKNOWN_REVOCATION,
-                               absl::StrCat("revocation ", ack.revoke_id(),
-                                            " is not pending on this session")));
+    Reply(seq,
+          ProtocolFailure(v1::UNKNOWN_REVOCATION,
+                          absl::StrCat("revocation ", ack.revoke_id(),
+                                       " is not pending on this session")));
   }
 }
 

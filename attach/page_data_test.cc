@@ -25,6 +25,7 @@
 #include "attach/testing/fd_count.h"
 #include "engine/testing/pattern.h"
 #include "gtest/gtest.h"
+#include "server/metrics.h"
 
 namespace kvbroker::attach {
 namespace {
@@ -330,8 +331,8 @@ TEST_F(PageDataTest, RevocationRoundTripAndQuarantine) {
     SCOPED_TRACE(how);
     const std::vector<int64_t> ids = Ids(Ask(*a, "alloc 8"));
     ASSERT_EQ(ids.size(), 8u);
-    EXPECT_TRUE(absl::StartsWith(
-        Ask(*a, "free " + absl::StrJoin(ids, " ")), "freed 8"));
+    EXPECT_TRUE(absl::StartsWith(Ask(*a, "free " + absl::StrJoin(ids, " ")),
+                                 "freed 8"));
     // A has acknowledged (the daemon reads it after the Free's reply).
     Eventually([&] {
       for (const SessionInfo& s : server_->Sessions()) {
@@ -344,6 +345,9 @@ TEST_F(PageDataTest, RevocationRoundTripAndQuarantine) {
     c = *pool_->Capacity();
     EXPECT_EQ(c.pages_revoking.value(), 0);
     EXPECT_EQ(c.pages_quarantined.value(), 1);
+    EXPECT_TRUE(absl::StrContains(
+        RenderMetrics(*broker_),
+        "kvbroker_pool_pages{pool=\"kv\",state=\"quarantined\"} 1\n"));
     EXPECT_EQ(c.pages_free.value(), 4);
     EXPECT_EQ(c.available_blocks.value(), 32);
     EXPECT_TRUE(pool_->CheckInvariants().ok());

@@ -128,11 +128,12 @@ int Main() {
   }
   const PoolStats stats = p.Stats();
   const double ms = Median(same), mc = Median(change), mr = Median(raw);
-  std::printf("zero_bench: %s; Alloc(%d) + Free, %lld bytes zeroed per "
-              "switching Alloc; %d rounds x %d calls; %lld blocks zeroed\n",
-              device.c_str(), n, static_cast<long long>(bytes.value()),
-              absl::GetFlag(FLAGS_rounds), calls,
-              static_cast<long long>(stats.blocks_zeroed_total));
+  std::printf(
+      "zero_bench: %s; Alloc(%d) + Free, %lld bytes zeroed per "
+      "switching Alloc; %d rounds x %d calls; %lld blocks zeroed\n",
+      device.c_str(), n, static_cast<long long>(bytes.value()),
+      absl::GetFlag(FLAGS_rounds), calls,
+      static_cast<long long>(stats.blocks_zeroed_total));
   std::printf("%-34s %10.1f us\n", "same holder (no zeroing)", ms);
   std::printf("%-34s %10.1f us\n", "switching holders (zeroing)", mc);
   std::printf("%-34s %10.1f us\n", "raw Backend::Zero, same bytes", mr);
