@@ -106,6 +106,13 @@ class Backend {
   // CUDA_VISIBLE_DEVICES; "host-<ordinal>" on the host). Empty when unknown
   // (the default).
   virtual std::string device_uuid(int device) const;
+
+  // Writes zeros over [address, address + size) on `device`, which must lie
+  // in a range of this backend, mapped and accessible; returns once the
+  // zeros are written (host: memset; CUDA: cuMemsetD8 then a synchronize).
+  // Any size. The pool zeroes blocks that pass from one engine to another.
+  // UNIMPLEMENTED where the backend cannot (the default).
+  virtual absl::Status Zero(int device, uint64_t address, Bytes size);
 };
 
 inline absl::StatusOr<int> Backend::ExportHandle(int device,
@@ -114,6 +121,10 @@ inline absl::StatusOr<int> Backend::ExportHandle(int device,
 }
 
 inline std::string Backend::device_uuid(int device) const { return ""; }
+
+inline absl::Status Backend::Zero(int device, uint64_t address, Bytes size) {
+  return absl::UnimplementedError("this backend cannot zero memory");
+}
 
 }  // namespace kvbroker
 

@@ -59,6 +59,8 @@ struct BrokerOptions {
   bool start_worker = true;
   Clock* clock = nullptr;  // nullptr: Clock::Real()
   absl::Duration idempotency_window = absl::Minutes(10);
+  // PoolOptions::revoke_timeout of every pool.
+  absl::Duration revoke_timeout = absl::Seconds(10);
   // Called (no lock held) whenever a pool's generation changes, and with ""
   // when the set of pools changes.
   std::function<void(const std::string& pool)> on_change;

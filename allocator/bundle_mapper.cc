@@ -2,6 +2,10 @@
 
 #include "allocator/bundle_mapper.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "absl/time/clock.h"
 
 namespace kvbroker {
@@ -9,7 +13,39 @@ namespace kvbroker {
 BundleMapper::BundleMapper(const Geometry* geometry, Backend* backend)
     : geometry_(geometry),
       backend_(backend),
-      handles_(geometry->page_count().value() * geometry->device_count()) {}
+      handles_(geometry->page_count().value() * geometry->device_count()),
+      fds_(handles_.size(), -1) {}
+
+BundleMapper::~BundleMapper() {
+  for (int& fd : fds_) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+}
+
+absl::StatusOr<int> BundleMapper::Export(PageId p, int device_index) {
+  const size_t slot = p * geometry_->device_count() + device_index;
+  if (fds_[slot] >= 0) return fds_[slot];
+  absl::StatusOr<int> fd = backend_->ExportHandle(
+      geometry_->devices()[device_index], handles_[slot]);
+  if (!fd.ok()) return fd.status();
+  fds_[slot] = *fd;
+  return *fd;
+}
+
+int64_t BundleMapper::exported_fds() const {
+  return std::count_if(fds_.begin(), fds_.end(),
+                       [](int fd) { return fd >= 0; });
+}
+
+void BundleMapper::CloseFds(PageId p) {
+  const int n = geometry_->device_count();
+  for (int i = 0; i < n; ++i) {
+    int& fd = fds_[p * n + i];
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+}
 
 absl::Status BundleMapper::ReserveRanges(int* failed_device) {
   const Geometry& g = *geometry_;
@@ -70,6 +106,7 @@ BundleMapper::MapOutcome BundleMapper::Map(PageId p) {
     return out;
   }
   out.status = error;
+  CloseFds(p);
   // Unwind in reverse: the failing device's finished steps, then every
   // earlier device.
   for (int i = done_devices; i >= 0; --i) {
@@ -93,6 +130,9 @@ absl::Status BundleMapper::Unmap(PageId p, absl::Duration* took) {
   const uint64_t offset = g.page_offset(p).value();
   const int n = g.device_count();
   const absl::Time start = absl::Now();
+  // The exported fds go with the handles, whether or not the release
+  // succeeds: an importer's mapping keeps the memory alive on its own.
+  CloseFds(p);
   absl::Status first;
   for (int i = n - 1; i >= 0; --i) {
     const int dev = g.devices()[i];

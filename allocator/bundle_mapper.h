@@ -4,7 +4,10 @@
 // the pool, unwound in reverse when a step fails; and its reverse, unmap ->
 // release, last device first. It keeps the physical handle of every mapped
 // page and touches no other pool state (docs/design.md, "The mapping
-// transaction").
+// transaction"). For engines (SPEC section 10) it also keeps, per page and
+// device, the fd its handle was exported as: exported at most once, at the
+// first Export, and closed when the handle is released (Unmap, an unwound
+// Map, the destructor), whatever the path.
 //
 // Thread safety: calls for different page ids may run at the same time, on
 // any threads, without a lock: each page id has its own handle slots, fixed
@@ -39,6 +42,8 @@ class BundleMapper {
 
   // `geometry` and `backend` must outlive the mapper.
   BundleMapper(const Geometry* geometry, Backend* backend);
+  // Closes every exported fd still open.
+  ~BundleMapper();
 
   BundleMapper(const BundleMapper&) = delete;
   BundleMapper& operator=(const BundleMapper&) = delete;
@@ -64,12 +69,28 @@ class BundleMapper {
   // set when every step succeeded. REQUIRES: page p is mapped.
   absl::Status Unmap(PageId p, absl::Duration* took);
 
+  // The fd page p's handle on the pool's `device_index`-th device is
+  // exported as, exporting it on the first call (Backend::ExportHandle). The
+  // mapper owns the fd until the handle is released: callers borrow it
+  // (dup what must outlive the page's mapping). Errors: the backend's.
+  // REQUIRES: page p is mapped, and no Unmap of p runs meanwhile (the pool's
+  // PageAnnouncer guarantees it).
+  absl::StatusOr<int> Export(PageId p, int device_index);
+  // Exported fds open now, for tests and leak checks.
+  int64_t exported_fds() const;
+
  private:
+  // Closes page p's exported fds (its handles are being released).
+  void CloseFds(PageId p);
+
   const Geometry* const geometry_;
   Backend* const backend_;
   std::vector<VirtualRange> ranges_;  // one per device of the pool
   // handles_[p * devices + i]: page p's allocation on the pool's i-th device.
   std::vector<PhysicalHandle> handles_;
+  // fds_[p * devices + i]: the exported fd of handles_[p * devices + i], or
+  // -1. Owned by whoever owns the page's handles (see the class comment).
+  std::vector<int> fds_;
 };
 
 }  // namespace kvbroker

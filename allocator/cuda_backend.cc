@@ -101,6 +101,7 @@ absl::Status CudaBackend::CheckAligned(int device, absl::string_view what,
   X(cuMemRelease)                    \
   X(cuMemGetInfo)                    \
   X(cuMemcpyHtoD)                    \
+  X(cuMemsetD8)                      \
   X(cuMemcpyDtoH)                    \
   X(cuMemExportToShareableHandle)    \
   X(cuDeviceGetUuid)
@@ -556,6 +557,21 @@ absl::Status CudaBackend::CopyToDevice(int device, uint64_t dst,
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::Zero(int device, uint64_t address, Bytes size) {
+  if (absl::Status s = Enter(device); !s.ok()) return s;
+  if (size.value() <= 0) return absl::OkStatus();
+  CUresult r = driver_->cuMemsetD8(address, 0, size.value());
+  if (r != CUDA_SUCCESS) {
+    return driver_->Error(r,
+                          absl::StrCat("cuMemsetD8(0x", absl::Hex(address),
+                                       ", ", size.value(), " bytes)"),
+                          device);
+  }
+  r = driver_->cuCtxSynchronize();
+  if (r != CUDA_SUCCESS) return driver_->Error(r, "cuCtxSynchronize", device);
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::CopyFromDevice(int device, void* dst, uint64_t src,
                                          size_t bytes) {
   if (absl::Status s = Enter(device); !s.ok()) return s;
@@ -614,6 +630,11 @@ absl::StatusOr<int> CudaBackend::ExportHandle(int /*device*/,
 }
 
 std::string CudaBackend::device_uuid(int /*device*/) const { return ""; }
+
+absl::Status CudaBackend::Zero(int /*device*/, uint64_t /*address*/,
+                               Bytes /*size*/) {
+  return NoCuda();
+}
 
 absl::Status CudaBackend::Enter(int /*device*/) const { return NoCuda(); }
 

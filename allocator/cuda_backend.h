@@ -132,6 +132,7 @@ class CudaBackend final : public Backend {
   // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (cuDeviceGetUuid, as
   // nvidia-smi prints it).
   std::string device_uuid(int device) const override;
+  absl::Status Zero(int device, uint64_t address, Bytes size) override;
 
   // Facts gathered at Create(), for logs and metrics.
   // The driver's CUDA version, e.g. 13000.

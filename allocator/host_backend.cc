@@ -155,6 +155,15 @@ absl::Status HostBackend::Release(int device, PhysicalHandle handle) {
   return absl::OkStatus();
 }
 
+absl::Status HostBackend::Zero(int device, uint64_t address, Bytes size) {
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (size.value() < 0)
+    return absl::InvalidArgumentError("zero: negative size");
+  // The caller guarantees the range is mapped; it is plain process memory.
+  std::memset(reinterpret_cast<void*>(address), 0, size.value());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> HostBackend::ExportHandle(int device,
                                               PhysicalHandle handle) {
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;

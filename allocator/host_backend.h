@@ -55,6 +55,7 @@ class HostBackend final : public Backend {
   absl::StatusOr<int> ExportHandle(int device, PhysicalHandle handle) override;
   // "host-<device>".
   std::string device_uuid(int device) const override;
+  absl::Status Zero(int device, uint64_t address, Bytes size) override;
 
   // Simulates other processes using `bytes` of `device`.
   void SetExternalUse(int device, Bytes bytes) ABSL_LOCKS_EXCLUDED(mu_);

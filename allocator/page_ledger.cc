@@ -387,6 +387,22 @@ void PageLedger::FinishUnmap(PageId p) {
   }
 }
 
+void PageLedger::Redirect(PageId p, Landing to) {
+  Page& page = pages_[p];
+  ABSL_ASSERT(page.state == PageState::kMapping &&
+              page.landing != Landing::kNone && to != Landing::kNone);
+  const bool was_leaving = page.landing != Landing::kFreeBack;
+  const bool leaving = to != Landing::kFreeBack;
+  if (leaving && !was_leaving) {
+    ++leaving_;
+    reclaimed_usable_ += page.usable;
+  } else if (!leaving && was_leaving) {
+    --leaving_;
+    reclaimed_usable_ -= page.usable;
+  }
+  page.landing = to;
+}
+
 void PageLedger::AbortUnmap(PageId p) {
   Page& page = pages_[p];
   ABSL_ASSERT(page.state == PageState::kMapping &&

@@ -197,6 +197,8 @@ class PageLedger {
   void BeginUnmap(PageId p, Landing to);
   // Its unmap finished: the page lands where BeginUnmap said.
   void FinishUnmap(PageId p);
+  // A page still being unmapped will land at `to` instead.
+  void Redirect(PageId p, Landing to);
   // Its unmap failed: the page is mapped again, at the back of the IDLE list.
   void AbortUnmap(PageId p);
 

@@ -1,7 +1,8 @@
 // PagePool: construction and shutdown, the mapping transaction, returning
 // blocks and unmapping, mapping failures, the entry points, the prealloc
 // worker and health. Capacity, planning and limits are in
-// page_pool_capacity.cc. The contract and the invariants are in page_pool.h;
+// page_pool_capacity.cc; listeners, revocation and zeroing in
+// page_pool_engines.cc. The contract and the invariants are in page_pool.h;
 // the design in docs/design.md.
 
 #include "allocator/page_pool.h"
@@ -22,11 +23,14 @@ namespace kvbroker {
 PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
                    Clock* clock, PoolOptions options)
     : geometry_(std::move(geometry)),
+      backend_(backend),
       budgets_(budgets),
       clock_(clock),
       options_(std::move(options)),
       mapper_(&geometry_, backend),
+      announcer_(&geometry_, &mapper_),
       ledger_(&geometry_),
+      tags_(geometry_.max_blocks()),
       reservations_(options_.expired_reservations_remembered),
       remembered_(options_.idempotency_window, options_.idempotency_capacity) {
   absl::MutexLock lock(&mu_);
@@ -93,6 +97,8 @@ absl::Status PagePool::Init() {
         if (!m.status.ok()) {
           budgets_->Uncharge(g.devices(), g.bundle_bytes(), 1);
           (void)budgets_->RefreshAll();
+        } else {
+          announcer_.Announce({p});
         }
       });
       --calls_in_flight_;
@@ -137,12 +143,19 @@ absl::Status PagePool::Shutdown(bool force) {
   for (PageId p = 0; p < geometry_.page_count().value(); ++p) {
     const PageState s = ledger_.page(p).state;
     if (s == PageState::kIdle || s == PageState::kOpen ||
-        s == PageState::kFull) {
+        s == PageState::kFull || revoking_.contains(p)) {
       pages.push_back({p});
     }
   }
+  // Engines that still map revoked pages keep their memory alive through
+  // their own imports; the pool's handles go now.
+  revoking_.clear();
   int64_t leaked = 0;
   WithoutLock([&] {
+    std::vector<PageId> ids;
+    for (const Unmap& u : pages) ids.push_back(u.page);
+    announcer_.Withdraw(ids);
+    announcer_.CancelRevocations();
     for (Unmap& u : pages) {
       u.status = mapper_.Unmap(u.page, &u.took);
       if (!u.status.ok()) ++leaked;
@@ -228,6 +241,9 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
       (void)budgets_->RefreshAll();
       break;
     }
+    // Every page mapped: engines hear of them before any block is handed
+    // out (nothing can roll them back from here).
+    if (failed_at == fresh.size()) announcer_.Announce(fresh);
   });
   --calls_in_flight_;
   for (const BundleMapper::MapOutcome& m : outcomes) {
@@ -309,16 +325,52 @@ void PagePool::ReturnBlocksLocked(absl::Span<const BlockId> ascending,
 int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
                                        std::string* log) {
   if (unmaps->empty()) return 0;
+  // Registered before the lock drops: an engine's acknowledgement may land
+  // a revoked page (UnmapRevoked) before this call retakes it.
+  const absl::Time deadline = clock_->Now() + options_.revoke_timeout;
+  for (const Unmap& u : *unmaps) revoking_[u.page] = Leaving{deadline};
+  std::vector<PageId> ids;
+  ids.reserve(unmaps->size());
+  for (const Unmap& u : *unmaps) ids.push_back(u.page);
+  std::vector<PageId> now;
   ++calls_in_flight_;
   WithoutLock([&] {
-    for (Unmap& u : *unmaps) u.status = mapper_.Unmap(u.page, &u.took);
+    uint64_t revocation = 0;
+    now = announcer_.Revoke(ids, deadline, &revocation);
+    size_t i = 0;
+    for (Unmap& u : *unmaps) {
+      if (i < now.size() && now[i] == u.page) {
+        u.status = mapper_.Unmap(u.page, &u.took);
+        ++i;
+      }
+    }
   });
   --calls_in_flight_;
+  // Pages engines know stay REVOKING (unless already acknowledged); the
+  // others land now.
+  std::vector<Unmap> done;
+  size_t i = 0;
+  for (Unmap& u : *unmaps) {
+    if (i < now.size() && now[i] == u.page) {
+      revoking_.erase(u.page);
+      done.push_back(std::move(u));
+      ++i;
+    } else if (auto it = revoking_.find(u.page); it != revoking_.end()) {
+      it->second.revoked = true;
+    }
+  }
+  unmaps->clear();
+  return LandUnmapsLocked(&done, log);
+}
+
+int64_t PagePool::LandUnmapsLocked(std::vector<Unmap>* unmaps,
+                                   std::string* log) {
   int64_t landed = 0;
   bool any_failed = false;
   for (const Unmap& u : *unmaps) {
     if (u.status.ok()) {
       budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
+      tags_.Forget(ledger_.page(u.page).begin, ledger_.page(u.page).end);
       ledger_.FinishUnmap(u.page);
       stats_.unmap_latency.Record(u.took);
       ++stats_.pages_unmapped_total;
@@ -490,6 +542,10 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
             FinishAcquireLocked(&acq, request.num_blocks, &unmaps, &epi.log);
         if (!id.empty()) remembered_.ClearPending(id);
         if (!s.ok()) return s;
+      }
+      if (!request.holder.empty()) {
+        KVB_RETURN_IF_ERROR(ZeroForHolderLocked(request.holder, &acq.blocks, id,
+                                                &unmaps, &epi.log));
       }
       AllocResult out;
       out.pages_mapped = plan->new_pages;
@@ -814,6 +870,7 @@ bool PagePool::PreallocStep() {
     ++calls_in_flight_;
     WithoutLock([&] {
       m = mapper_.Map(p);
+      if (m.status.ok()) announcer_.Announce({p});
       if (!m.status.ok()) {
         if (m.unwound) {
           budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
@@ -932,9 +989,17 @@ absl::Status PagePool::CheckInvariantsLocked() const {
       ledger_.reserved().value()) {
     return fail("reservation totals");
   }
-  if (calls_in_flight_ == 0 && ledger_.pages_in_flight().value() > 0) {
+  for (const auto& [p, leaving] : revoking_) {
+    if (ledger_.page(p).state != PageState::kMapping) {
+      return fail("revoking page ", p, " is ",
+                  PageStateName(ledger_.page(p).state));
+    }
+  }
+  if (calls_in_flight_ == 0 && ledger_.pages_in_flight().value() >
+                                   static_cast<int64_t>(revoking_.size())) {
     return fail(ledger_.pages_in_flight().value(),
-                " page(s) in flight with no call in flight");
+                " page(s) in flight with no call in flight and ",
+                revoking_.size(), " revoking");
   }
   const int64_t admitted = ledger_.admitted_pages().value();
   if (limit_state_ != LimitState::kDeferred && admitted > target_pages_) {

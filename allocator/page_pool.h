@@ -43,7 +43,8 @@
 // to commit, or to roll back to exactly the state before the call. The
 // caller's own unmaps finish before it returns. Lock order: mu_ ->
 // DeviceBudgets (a leaf); on_change and on_prealloc_needed run with no pool
-// lock held (docs/design.md, "Locking").
+// lock held (docs/design.md, "Locking"). The PageAnnouncer's lock is taken
+// only without mu_ (mu_ is released around every mapping step).
 
 #ifndef KVBROKER_ALLOCATOR_PAGE_POOL_H_
 #define KVBROKER_ALLOCATOR_PAGE_POOL_H_
@@ -55,6 +56,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -67,8 +69,11 @@
 #include "allocator/device_budget.h"
 #include "allocator/failure.h"
 #include "allocator/geometry.h"
+#include "allocator/holder_tags.h"
 #include "allocator/idempotency_window.h"
+#include "allocator/page_announcer.h"
 #include "allocator/page_ledger.h"
+#include "allocator/page_listener.h"
 #include "allocator/pool_types.h"
 #include "allocator/reservation_table.h"
 #include "allocator/stats.h"
@@ -185,6 +190,38 @@ class PagePool {
   // naming the first violation.
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Engines (docs/design.md, "Pages and engines"). Registers `listener` for
+  // the pool's mapped pages and calls `snapshot` with the pages mapped now,
+  // atomically with the registration (page_announcer.h). Errors: the
+  // backend's when a page cannot be exported (nothing registered).
+  absl::Status AddPageListener(
+      PageListener* listener,
+      absl::FunctionRef<void(absl::Span<const MappedPage>)> snapshot)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // After it returns `listener` is never called again; its pending
+  // revocations count as acknowledged (their pages may be unmapped now, on
+  // this thread).
+  void RemovePageListener(PageListener* listener) ABSL_LOCKS_EXCLUDED(mu_);
+  // `listener` has had its engine unmap the pages of revocation `id`; once
+  // every listener told has, they are unmapped (on this thread) and land
+  // where their unmap was headed. Errors: NOT_FOUND when `id` is not
+  // pending for `listener`.
+  absl::Status AckRevocation(PageListener* listener, uint64_t id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Revocations `listener` has yet to acknowledge, and their pages past the
+  // deadline (QUARANTINED), for operators.
+  int64_t pending_revocations(const PageListener* listener) const {
+    return announcer_.pending_revocations(listener);
+  }
+  int64_t quarantined_pages(const PageListener* listener) const {
+    return announcer_.overdue_pages(listener, clock_->Now());
+  }
+  // Revocations waiting for some listener (per pool; the pages are counted
+  // by Capacity: pages_revoking, pages_quarantined).
+  int64_t pending_revocations() const { return announcer_.revocations(); }
+  // Pages mapped and announced to listeners (for tests and operators).
+  int64_t announced_pages() const { return announcer_.announced_pages(); }
+
  private:
   // Where the blocks of one acquisition come from; computed and checked
   // before anything is taken.
@@ -254,6 +291,20 @@ class PagePool {
                                    std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- zeroing (holder_tags.h) ---
+  // Tags `blocks` (this Alloc's, committed) as `holder`'s and zeroes those
+  // that held another holder's data, without the lock: meanwhile they count
+  // as reserved by this call in flight, so no Free can name them and their
+  // pages stay mapped. On a failed zero every block goes back to the pool
+  // (`blocks` is cleared) and the typed error is returned.
+  absl::Status ZeroForHolderLocked(const std::string& holder,
+                                   std::vector<BlockId>* blocks,
+                                   const std::string& request_id,
+                                   std::vector<Unmap>* unmaps, std::string* log)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Zeroes `ascending` blocks on every device (backend calls; no lock).
+  absl::Status ZeroBlocks(absl::Span<const BlockId> ascending) const;
+
   // --- returning blocks and unmapping ---
   // Returns blocks (ascending) and files each emptied page: IDLE, or in
   // flight to be unmapped (appended to `unmaps`). Settles the limit.
@@ -268,8 +319,16 @@ class PagePool {
   // Unmaps the pages in `unmaps` without the lock, then lands them (or, for
   // a failed unmap, fails the pool and keeps the page IDLE). Returns the
   // pages unmapped; clears `unmaps`.
+  // Pages engines know stay in flight, REVOKING, until acknowledged
+  // (UnmapRevoked lands them later).
   int64_t CompleteUnmapsLocked(std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lands finished unmaps (FREE or RECLAIMED; a failed one fails the pool
+  // and stays IDLE). Returns the pages landed; clears `unmaps`.
+  int64_t LandUnmapsLocked(std::vector<Unmap>* unmaps, std::string* log)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps and lands revoked pages every engine has let go of.
+  void UnmapRevoked(const std::vector<PageId>& pages) ABSL_LOCKS_EXCLUDED(mu_);
   // After blocks were returned: completes a deferred shrink when possible.
   void SettleLimitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves RECLAIMED ids to the front of the FREE list until the pool admits
@@ -321,12 +380,17 @@ class PagePool {
 
   // ---- constant after construction ----
   const Geometry geometry_;
+  Backend* const backend_;
   DeviceBudgets* const budgets_;
   Clock* const clock_;
   const PoolOptions options_;
   // Not guarded: each page's handles belong to whoever holds the page in
   // flight (or to mu_'s holder for a settled page); see bundle_mapper.h.
   BundleMapper mapper_;
+  // Its own lock, never taken with mu_ held: the pool calls it from its
+  // unlocked mapping steps (Announce after a page is mapped, Withdraw before
+  // one is unmapped).
+  PageAnnouncer announcer_;
 
   // ---- guarded by mu_ ----
   mutable absl::Mutex mu_;
@@ -340,7 +404,8 @@ class PagePool {
   bool prealloc_running_ ABSL_GUARDED_BY(mu_) = false;
   // Blocks held as reserved by a Reserve in flight (no reservation yet).
   int64_t reserving_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no limit was set.
+  // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no
+  // limit was set.
   LimitState limit_state_ ABSL_GUARDED_BY(mu_) = LimitState::kNone;
   int64_t target_pages_ ABSL_GUARDED_BY(mu_) = 0;
   Bytes limit_bytes_ ABSL_GUARDED_BY(mu_);
@@ -348,6 +413,18 @@ class PagePool {
   std::string failure_ ABSL_GUARDED_BY(mu_);
 
   PageLedger ledger_ ABSL_GUARDED_BY(mu_);
+  HolderTags tags_ ABSL_GUARDED_BY(mu_);
+  // Pages being unmapped that engines may know: registered (with the
+  // deadline after which they count as QUARANTINED) by the call that
+  // unmaps them, marked `revoked` once engines were asked to let go
+  // (REVOKING); from then on no call owns them. Each is in the ledger's
+  // in-flight set with its landing and charged to the budget; the unmapping
+  // call (pages nobody knew), UnmapRevoked or Shutdown removes it.
+  struct Leaving {
+    absl::Time deadline;
+    bool revoked = false;
+  };
+  absl::flat_hash_map<PageId, Leaving> revoking_ ABSL_GUARDED_BY(mu_);
   ReservationTable reservations_ ABSL_GUARDED_BY(mu_);
   IdempotencyWindow remembered_ ABSL_GUARDED_BY(mu_);
   PoolStats stats_ ABSL_GUARDED_BY(mu_);

@@ -94,6 +94,18 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
     c.total_blocks = ledger_.admitted_usable();
     c.pages_free = ledger_.pages(PageState::kFree);
     c.pages_mapping = ledger_.pages(PageState::kMapping);
+    if (!revoking_.empty()) {  // the common case reads no clock
+      const absl::Time now = clock_->Now();
+      for (const auto& [p, leaving] : revoking_) {
+        if (!leaving.revoked) continue;  // still its unmapping call's
+        if (leaving.deadline < now) {
+          c.pages_quarantined += PageCount(1);
+        } else {
+          c.pages_revoking += PageCount(1);
+        }
+      }
+      c.pages_mapping -= c.pages_revoking + c.pages_quarantined;
+    }
     c.pages_idle = ledger_.pages(PageState::kIdle);
     c.pages_open = ledger_.pages(PageState::kOpen);
     c.pages_full = ledger_.pages(PageState::kFull);
@@ -302,6 +314,18 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
         const PageId p = ledger_.idle_list().back();
         ledger_.BeginUnmap(p, Landing::kReclaimedFront);
         unmaps.push_back({p});
+      }
+      // Then pages leaving for FREE while engines let go of them (REVOKING)
+      // are sent to RECLAIMED instead, lowest page id first.
+      if (over() && !revoking_.empty()) {
+        std::vector<PageId> leaving;
+        for (const auto& [p, l] : revoking_) leaving.push_back(p);
+        std::sort(leaving.begin(), leaving.end());
+        for (PageId p : leaving) {
+          if (!over()) break;
+          if (ledger_.page(p).landing != Landing::kFreeBack) continue;
+          ledger_.Redirect(p, Landing::kReclaimedFront);
+        }
       }
       limit_state_ = over() ? LimitState::kDeferred : LimitState::kApplied;
       if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();

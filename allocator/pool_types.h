@@ -65,6 +65,11 @@ struct CapacitySnapshot {
   // pool lock); counted in mapped_bytes, not in available or allocated.
   PageCount pages_free, pages_mapping, pages_idle, pages_open, pages_full,
       pages_reclaimed, pages_empty;
+  // Pages on their way out that engines still map (docs/design.md, "Pages
+  // and engines"): waiting for acknowledgements (REVOKING), or past the
+  // deadline (QUARANTINED). Neither is available nor counted in
+  // pages_mapping; both stay charged to the device budget.
+  PageCount pages_revoking, pages_quarantined;
   // Bundles every device of the pool can still afford.
   int64_t affordable_bundles = 0;
   Bytes mapped_bytes;   // over all devices of the pool
@@ -87,6 +92,10 @@ struct AllocRequest {
   std::string request_id;      // empty: no idempotency
   std::string reservation_id;  // empty: none
   std::optional<uint64_t> expected_generation;
+  // Who gets the blocks (an engine's holder); empty for callers that cannot
+  // read the memory (gRPC). A block that last held another holder's data is
+  // zeroed before it is returned (holder_tags.h).
+  std::string holder;
 };
 
 struct AllocResult {
@@ -171,6 +180,9 @@ struct PoolOptions {
   // Called (without any pool lock held) after a call left the pool below
   // min_idle_pages with pages it could map: wake the prealloc worker.
   std::function<void()> on_prealloc_needed;
+  // How long engines have to acknowledge a revocation (PageListener) before
+  // its pages count as QUARANTINED.
+  absl::Duration revoke_timeout = absl::Seconds(10);
 };
 
 }  // namespace kvbroker

@@ -187,6 +187,7 @@ PageState ToCore(MPage s) {
     case MPage::kReclaimed: return PageState::kReclaimed;
     case MPage::kEmpty: return PageState::kEmpty;
     case MPage::kMapping: return PageState::kMapping;
+    case MPage::kRevoking: return PageState::kMapping;  // in flight
   }
   return PageState::kEmpty;
 }

@@ -45,6 +45,8 @@ struct PoolStats {
   int64_t map_failures_total = 0;
   int64_t reservations_expired_total = 0;
   int64_t idempotent_replays_total = 0;
+  // Blocks zeroed because they passed from one holder to another.
+  int64_t blocks_zeroed_total = 0;
   int64_t peak_mapped_pages = 0;
   // Outcomes of Alloc, Free and Reserve, indexed by FailureReason (0 = OK).
   std::array<int64_t, kMaxFailureReason + 1> outcomes = {};

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
 #include "attach/frame.h"
+#include "attach/outbox.h"
 #include "server/log.h"
 #include "server/proto_convert.h"
 
@@ -121,6 +122,8 @@ class AttachServer::Session {
   const std::string& holder() const { return holder_; }
   int64_t pid() const { return pid_; }
   const std::string& pool_name() const { return pool_name_; }
+  // The page-delivery fields of `info`; called under the server's lock.
+  void FillPageInfo(SessionInfo* info) const;
   // Whether the engine asked for its blocks to go now (SessionEnd.release).
   bool release_on_end() const { return release_on_end_; }
   absl::Duration grace() const { return grace_; }
@@ -138,6 +141,16 @@ class AttachServer::Session {
   absl::StatusOr<v1::Frame> OnRelease(
       const kv1::ReleaseReservationRequest& request);
   absl::StatusOr<v1::Frame> OnCapacity(const kv1::CapacityRequest& request);
+  // Page delivery (attach/outbox.h): registers the outbox with the pool and
+  // queues the snapshot; returns how many pages it names.
+  absl::StatusOr<int64_t> SubscribeToPages(const std::vector<int>& devices);
+  // Sends what the outbox holds; false when the session must end.
+  bool FlushOutbox();
+  // Unregisters the outbox from the pool (the session ends); its pending
+  // revocations count as acknowledged.
+  void UnsubscribeFromPages();
+  // The engine unmapped a revocation's pages. Answered only when refused.
+  void OnRevokeAck(uint64_t seq, const v1::RevokeAck& ack);
   // Refuses a pool operation before Attach or naming another pool.
   absl::Status CheckPool(absl::string_view pool) const;
   // Allocates through the pool and records the blocks as the holder's.
@@ -159,13 +172,19 @@ class AttachServer::Session {
   std::shared_ptr<PagePool> pool_;
   std::string pool_name_;
   bool release_on_end_ = false;
+  // The seq of the frame being answered.
+  uint64_t seq_ = 0;
+  // Frames the daemon starts; registered with pool_ while attached.
+  Outbox outbox_;
+  bool subscribed_ = false;
 };
 
 void AttachServer::Session::Run() {
   while (true) {
-    pollfd fds[2] = {{channel_.fd(), POLLIN, 0},
-                     {server_->wake_.get(), POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    pollfd fds[3] = {{channel_.fd(), POLLIN, 0},
+                     {server_->wake_.get(), POLLIN, 0},
+                     {outbox_.event_fd(), POLLIN, 0}};
+    if (poll(fds, 3, -1) < 0) {
       if (errno == EINTR) continue;
       break;
     }
@@ -174,6 +193,10 @@ void AttachServer::Session::Run() {
       end.mutable_session_end()->set_message("kvbrokerd is stopping");
       channel_.Send(end).IgnoreError();
       break;
+    }
+    if (fds[2].revents & POLLIN) {
+      if (!FlushOutbox()) break;
+      if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     }
     absl::StatusOr<ReceivedFrame> got = channel_.Receive();
     if (!got.ok()) {
@@ -185,6 +208,7 @@ void AttachServer::Session::Run() {
     }
     if (!Handle(*std::move(got))) break;
   }
+  UnsubscribeFromPages();
   server_->Finished(this);
 }
 
@@ -197,12 +221,18 @@ void AttachServer::Session::Reply(uint64_t seq,
     *out.mutable_error() = ToError(reply.status());
   }
   out.set_seq(seq);
+  // An attach's reply precedes its snapshot; every other reply follows
+  // what was queued before it (outbox.h).
+  const bool attach_reply = out.has_attach_reply();
+  if (!attach_reply) FlushOutbox();
   channel_.Send(out).IgnoreError();  // a gone peer ends the loop on receive
+  if (attach_reply) FlushOutbox();
 }
 
 bool AttachServer::Session::Handle(ReceivedFrame received) {
   const v1::Frame& f = received.frame;
   const uint64_t seq = f.seq();
+  seq_ = seq;
   if (!greeted_ && !f.has_hello()) {
     Reply(seq, ProtocolFailure(v1::UNEXPECTED_MESSAGE,
                                "the first message must be Hello"));
@@ -220,12 +250,7 @@ bool AttachServer::Session::Handle(ReceivedFrame received) {
     case v1::Frame::kCapacity:
       Reply(seq, OnCapacity(f.capacity()));
       return true;
-    case v1::Frame::kRevokeAck:
-      Reply(seq, ProtocolFailure(
-                     v1::UNKNOWN_REVOCATION,
-                     absl::StrCat("revocation ", f.revoke_ack().revoke_id(),
-                                  " is not pending on this session")));
-      return true;
+    case v1::Frame::kRevokeAck: OnRevokeAck(seq, f.revoke_ack()); return true;
     case v1::Frame::kSessionEnd:
       release_on_end_ = f.session_end().release();
       return false;
@@ -412,9 +437,77 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnAttach(
     d->set_ordinal(g.devices()[index]);
     d->set_uuid(server_->broker_->backend()->device_uuid(g.devices()[index]));
   }
-  // Pages are not exported to engines yet: none follow.
-  reply->set_mapped_pages(0);
+  // Last, after any redemption mapped its pages: the snapshot names them.
+  absl::StatusOr<int64_t> mapped = SubscribeToPages(indices);
+  if (!mapped.ok()) {
+    absl::MutexLock lock(&server_->mu_);
+    pool_ = nullptr;
+    pool_name_.clear();
+    return mapped.status();
+  }
+  reply->set_mapped_pages(*mapped);
   return out;
+}
+
+// ---------------------------------------------------------------------------
+// Page delivery
+
+absl::StatusOr<int64_t> AttachServer::Session::SubscribeToPages(
+    const std::vector<int>& devices) {
+  if (outbox_.event_fd() < 0) {
+    return absl::UnavailableError("the session's eventfd could not be made");
+  }
+  outbox_.SetDevices(devices);
+  int64_t pages = 0;
+  absl::Status s =
+      pool_->AddPageListener(&outbox_, [&](absl::Span<const MappedPage> now) {
+        pages = outbox_.QueueSnapshot(now, seq_);
+      });
+  if (!s.ok()) {
+    return MakeFailure(
+        FailureReason::kMappingFailed,
+        absl::StrCat("the pool's pages cannot be exported: ", s.message()));
+  }
+  subscribed_ = true;
+  return pages;
+}
+
+bool AttachServer::Session::FlushOutbox() {
+  if (outbox_.broken()) {
+    LogLine("attach: session %d (%s): a page could not be passed; ending it",
+            id_, holder_);
+    v1::Frame end;
+    end.mutable_session_end()->set_message(
+        "kvbrokerd could not pass a mapped page (out of file descriptors)");
+    channel_.Send(end).IgnoreError();
+    return false;
+  }
+  return outbox_.Drain(channel_).ok();
+}
+
+void AttachServer::Session::OnRevokeAck(uint64_t seq,
+                                        const v1::RevokeAck& ack) {
+  absl::Status s = subscribed_ ? pool_->AckRevocation(&outbox_, ack.revoke_id())
+                               : absl::NotFoundError("not attached");
+  if (!s.ok()) {
+    Reply(seq,
+          ProtocolFailure(v1::UNKNOWN_REVOCATION,
+                          absl::StrCat("revocation ", ack.revoke_id(),
+                                       " is not pending on this session")));
+  }
+}
+
+void AttachServer::Session::FillPageInfo(SessionInfo* info) const {
+  info->pages_sent = outbox_.pages_sent();
+  if (pool_ == nullptr) return;
+  info->pending_revocations = pool_->pending_revocations(&outbox_);
+  info->quarantined_pages = pool_->quarantined_pages(&outbox_);
+}
+
+void AttachServer::Session::UnsubscribeFromPages() {
+  if (!subscribed_) return;
+  pool_->RemovePageListener(&outbox_);
+  subscribed_ = false;
 }
 
 absl::Status AttachServer::Session::CheckPool(absl::string_view pool) const {
@@ -431,6 +524,7 @@ absl::Status AttachServer::Session::CheckPool(absl::string_view pool) const {
 
 absl::StatusOr<kv1::AllocResponse> AttachServer::Session::AllocForHolder(
     AllocRequest alloc) {
+  alloc.holder = holder_;
   absl::StatusOr<AllocResult> result = pool_->Alloc(alloc);
   if (!result.ok()) return result.status();
   kv1::AllocResponse response;
@@ -722,6 +816,7 @@ std::vector<SessionInfo> AttachServer::Sessions() const {
     info.holder = s->holder();
     info.pid = s->pid();
     info.pool = s->pool_name();
+    s->FillPageInfo(&info);
     auto it = holders_.find(s->holder());
     if (it != holders_.end()) {
       info.blocks = static_cast<int64_t>(it->second.blocks.size());

@@ -78,6 +78,12 @@ struct SessionInfo {
   int64_t pid = 0;
   std::string pool;  // empty until attached
   int64_t blocks = 0;
+  // Page delivery (attach/outbox.h): pages sent in PagesMapped frames,
+  // revocations the engine has yet to acknowledge, and their pages past
+  // the deadline (QUARANTINED because of this session).
+  int64_t pages_sent = 0;
+  int64_t pending_revocations = 0;
+  int64_t quarantined_pages = 0;
 };
 
 // What a holder left behind, for tests and operators.

@@ -49,7 +49,6 @@ std::string Packet(const v1::Frame& f) {
   return Header(body.size()) + body;
 }
 
-
 class DaemonProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -257,15 +256,24 @@ TEST_F(DaemonProcessTest, BadFramesGetTypedErrorsAndLeakNoFd) {
   alloc.set_seq(4);
   alloc.mutable_alloc()->set_num_blocks(3);
   ASSERT_TRUE(c->Send(alloc).ok());
+  // The page the Alloc mapped is announced (seq 0, one fd) before the reply.
+  absl::StatusOr<ReceivedFrame> announced = c->Receive();
+  ASSERT_TRUE(announced.ok());
+  ASSERT_TRUE(announced->frame.has_pages_mapped())
+      << announced->frame.DebugString();
+  EXPECT_EQ(announced->frame.seq(), 0u);
+  EXPECT_EQ(announced->frame.pages_mapped().page_ids_size(), 1);
+  EXPECT_EQ(announced->fds.size(), 1u);
   absl::StatusOr<ReceivedFrame> allocated = c->Receive();
   ASSERT_TRUE(allocated.ok());
   EXPECT_EQ(allocated->frame.seq(), 4u);
   EXPECT_EQ(allocated->frame.alloc_reply().num_blocks(), 3);
 
   // Of the 264 fds sent, none stayed in the daemon: besides its pages'
-  // memfds it holds exactly one more than before, this connection.
+  // memfds it holds exactly two more than before, this connection and its
+  // session's outbox (an eventfd).
   int leaked = 0;
-  EXPECT_EQ(DaemonFds("memfd:bad-input", &leaked), baseline + 1);
+  EXPECT_EQ(DaemonFds("memfd:bad-input", &leaked), baseline + 2);
   EXPECT_EQ(leaked, 0);
   c = absl::UnavailableError("closed");  // closes the connection
   EXPECT_EQ(AwaitDaemonFds(baseline), baseline);

@@ -139,6 +139,9 @@ ABSL_FLAG(int, max_watches_per_caller, 1024,
           "WatchCapacity streams one caller may hold at once (the bearer "
           "token's entry with --auth_tokens, else the peer's address without "
           "port); the next is refused (INVALID_ARGUMENT).");
+ABSL_FLAG(absl::Duration, revoke_deadline, absl::Seconds(10),
+          "How long an attached engine has to acknowledge a page revocation "
+          "(unmap the page) before the page counts as quarantined.");
 ABSL_FLAG(absl::Duration, watch_interval, absl::Milliseconds(20),
           "WatchCapacity snapshots of one pool are built at most once per "
           "interval (changes in between are coalesced).");
@@ -198,6 +201,9 @@ absl::Status CheckFlags() {
       absl::GetFlag(FLAGS_max_idle_pages) < 0) {
     return absl::InvalidArgumentError(
         "--min_idle_pages and --max_idle_pages must not be negative");
+  }
+  if (absl::GetFlag(FLAGS_revoke_deadline) <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--revoke_deadline must be positive");
   }
   if (absl::GetFlag(FLAGS_drain_timeout) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout must not be negative");
@@ -311,6 +317,7 @@ int Run() {
       absl::GetFlag(FLAGS_gpu_memory_utilization);
   broker_options.min_idle_pages = absl::GetFlag(FLAGS_min_idle_pages);
   broker_options.max_idle_pages = absl::GetFlag(FLAGS_max_idle_pages);
+  broker_options.revoke_timeout = absl::GetFlag(FLAGS_revoke_deadline);
   DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);

@@ -87,10 +87,15 @@ std::vector<MetricFamily> BrokerCollector::Collect() const {
     const PoolStats s = pool->Stats();
     const ClientMetric::Label p{"pool", pool->name()};
     const std::pair<const char*, PageCount> states[] = {
-        {"free", c->pages_free},  {"mapping", c->pages_mapping},
-        {"idle", c->pages_idle},  {"open", c->pages_open},
-        {"full", c->pages_full},  {"reclaimed", c->pages_reclaimed},
-        {"empty", c->pages_empty}};
+        {"free", c->pages_free},
+        {"mapping", c->pages_mapping},
+        {"idle", c->pages_idle},
+        {"open", c->pages_open},
+        {"full", c->pages_full},
+        {"reclaimed", c->pages_reclaimed},
+        {"empty", c->pages_empty},
+        {"revoking", c->pages_revoking},
+        {"quarantined", c->pages_quarantined}};
     for (const auto& [state, n] : states) {
       e.Add("kvbroker_pool_pages", MetricType::Gauge,
             "Pages of the pool by state.", {p, {"state", state}},

@@ -97,6 +97,8 @@ void ToProto(const CapacitySnapshot& s, v1::CapacitySnapshot* out) {
   pages->set_full_pages(s.pages_full.value());
   pages->set_reclaimed_pages(s.pages_reclaimed.value());
   pages->set_empty_pages(s.pages_empty.value());
+  pages->set_revoking_pages(s.pages_revoking.value());
+  pages->set_quarantined_pages(s.pages_quarantined.value());
   out->set_affordable_bundles(s.affordable_bundles);
   out->set_mapped_bytes(s.mapped_bytes.value());
   out->set_virtual_bytes(s.virtual_bytes.value());

@@ -28,6 +28,7 @@ const char* MPageName(MPage s) {
     case MPage::kReclaimed: return "RECLAIMED";
     case MPage::kEmpty: return "EMPTY";
     case MPage::kMapping: return "MAPPING";
+    case MPage::kRevoking: return "REVOKING";
   }
   return "?";
 }
@@ -123,7 +124,7 @@ int64_t ReferenceModel::PagesIn(MPage s) const {
 
 int64_t ReferenceModel::MappedPages() const {
   return std::count_if(page_.begin(), page_.end(), Mapped) +
-         PagesIn(MPage::kMapping);
+         PagesIn(MPage::kMapping) + PagesIn(MPage::kRevoking);
 }
 
 int64_t ReferenceModel::Affordable() const {
@@ -276,18 +277,76 @@ void ReferenceModel::Reclaim(int64_t p, bool to_front) {
 
 void ReferenceModel::OnPageEmptied(int64_t p, int64_t* unmapped) {
   if (Admitted() > target_) {
-    UnmapPage(p);
-    Reclaim(p, policy_.emptied_reclaims_to_front);
-    ++*unmapped;
+    Leave(p,
+          policy_.emptied_reclaims_to_front ? Landing::kReclaimedFront
+                                            : Landing::kReclaimedBack,
+          unmapped);
   } else if (static_cast<int64_t>(idle_list_.size()) < config_.max_idle_pages) {
     page_[p] = MPage::kIdle;
     idle_list_.push_back(p);
   } else {
-    UnmapPage(p);
+    Leave(p, Landing::kFreeBack, unmapped);
+  }
+}
+
+void ReferenceModel::Land(int64_t p, Landing to) {
+  if (to == Landing::kFreeBack) {
     page_[p] = MPage::kFree;
     free_list_.push_back(p);
-    ++*unmapped;
+  } else {
+    Reclaim(p, to == Landing::kReclaimedFront);
   }
+}
+
+void ReferenceModel::Leave(int64_t p, Landing to, int64_t* unmapped) {
+  UnmapPage(p);
+  if (listening_) {
+    page_[p] = MPage::kRevoking;
+    revoking_now_.push_back({p, to});
+    return;
+  }
+  Land(p, to);
+  ++*unmapped;
+}
+
+int64_t ReferenceModel::RevokingToReclaimed() const {
+  int64_t n = 0;
+  auto count = [&](const std::vector<std::pair<int64_t, Landing>>& r) {
+    for (const auto& [p, to] : r) n += to != Landing::kFreeBack;
+  };
+  count(revoking_now_);
+  for (const auto& r : revocations_) count(r);
+  return n;
+}
+
+void ReferenceModel::CloseRevocation() {
+  if (revoking_now_.empty()) return;
+  revocations_.push_back(std::move(revoking_now_));
+  revoking_now_.clear();
+}
+
+void ReferenceModel::LandRevocation(
+    const std::vector<std::pair<int64_t, Landing>>& r) {
+  for (const auto& [p, to] : r) Land(p, to);
+  Settle();
+  if (limit_state_ == MLimitState::kApplied) AdmitReclaimed();
+}
+
+void ReferenceModel::SetListening(bool on) {
+  listening_ = on;
+  if (on) return;
+  std::vector<std::pair<int64_t, Landing>> all;
+  for (const auto& r : revocations_) all.insert(all.end(), r.begin(), r.end());
+  revocations_.clear();
+  if (!all.empty()) LandRevocation(all);
+}
+
+bool ReferenceModel::AckOldestRevocation() {
+  if (revocations_.empty()) return false;
+  std::vector<std::pair<int64_t, Landing>> r = std::move(revocations_.front());
+  revocations_.pop_front();
+  LandRevocation(r);
+  return true;
 }
 
 void ReferenceModel::ReturnBlocks(const std::vector<int64_t>& ascending,
@@ -423,6 +482,7 @@ MOutcome ReferenceModel::Free(const std::vector<int64_t>& ids) {
   }
   std::vector<int64_t> sorted(seen.begin(), seen.end());
   ReturnBlocks(sorted, &out.pages_unmapped);
+  CloseRevocation();
   out.ids = sorted;
   return out;
 }
@@ -438,6 +498,7 @@ MOutcome ReferenceModel::Release(const std::string& id) {
   reservations_.erase(it);
   std::sort(blocks.begin(), blocks.end());
   ReturnBlocks(blocks, &out.pages_unmapped);
+  CloseRevocation();
   out.ids = blocks;
   return out;
 }
@@ -482,9 +543,20 @@ MLimitResult ReferenceModel::SetMemoryLimit(int64_t limit_bytes,
   while (Admitted() > target_ && !idle_list_.empty()) {
     const int64_t p = idle_list_.back();
     idle_list_.pop_back();
-    UnmapPage(p);
-    Reclaim(p, policy_.lowering_reclaims_to_front);
-    ++out.pages_unmapped;
+    Leave(p,
+          policy_.lowering_reclaims_to_front ? Landing::kReclaimedFront
+                                             : Landing::kReclaimedBack,
+          &out.pages_unmapped);
+  }
+  CloseRevocation();
+  // Then REVOKING pages bound for FREE go to RECLAIMED, lowest id first.
+  for (int64_t p = 0; p < T_ && Admitted() > target_; ++p) {
+    if (page_[p] != MPage::kRevoking) continue;
+    for (auto& r : revocations_) {
+      for (auto& [q, to] : r) {
+        if (q == p && to == Landing::kFreeBack) to = Landing::kReclaimedFront;
+      }
+    }
   }
   if (Admitted() > target_) {
     limit_state_ = MLimitState::kDeferred;
@@ -498,16 +570,15 @@ MLimitResult ReferenceModel::SetMemoryLimit(int64_t limit_bytes,
 }
 
 int64_t ReferenceModel::Trim(int64_t max_pages) {
-  int64_t n = 0;
+  int64_t n = 0, unmapped = 0;
   while (!idle_list_.empty() && (max_pages <= 0 || n < max_pages)) {
     const int64_t p = idle_list_.front();
     idle_list_.pop_front();
-    UnmapPage(p);
-    page_[p] = MPage::kFree;
-    free_list_.push_back(p);
+    Leave(p, Landing::kFreeBack, &unmapped);
     ++n;
   }
-  return n;
+  CloseRevocation();
+  return unmapped;
 }
 
 bool ReferenceModel::PreallocStep() {
@@ -615,7 +686,7 @@ std::string ReferenceModel::SelfCheck() const {
     const MPage s = page_[p];
     const bool should_list =
         s == MPage::kFree || s == MPage::kIdle || s == MPage::kReclaimed;
-    if (s == MPage::kMapping) {
+    if (s == MPage::kMapping || s == MPage::kRevoking) {
       // In flight: off every list, its blocks not mapped yet.
       if (listed[p] != 0) err << "page " << p << " in flight is listed; ";
       for (int64_t b = range_begin(p); b < range_end(p); ++b) {

@@ -9,9 +9,11 @@
 // place where the documents are ambiguous.
 //
 // What it models:
-//   - geometry ("Geometry"): range(p) = [ceil(p*P/B), min(floor((p+1)*P/B), N));
+//   - geometry ("Geometry"): range(p) = [ceil(p*P/B), min(floor((p+1)*P/B),
+//   N));
 //   - page states FREE / IDLE / OPEN / FULL / RECLAIMED / EMPTY;
-//   - the consumption order ("Consumption order", page_pool.h): OPEN best fit (the page
+//   - the consumption order ("Consumption order", page_pool.h): OPEN best fit
+//   (the page
 //     with the fewest free blocks that still covers the remaining need, else
 //     the one with the most free blocks; ties: lowest page id), then IDLE
 //     front first, then FREE front first while every device can afford one
@@ -20,7 +22,8 @@
 //     list) while fewer than max_idle_pages pages are IDLE, else it is
 //     unmapped to the back of the FREE list;
 //   - reservations (Reserve, Alloc from a reservation, ReleaseReservation);
-//   - SetMemoryLimit ("Memory limits", page_pool.h): admitted = mapped + |FREE| <=
+//   - SetMemoryLimit ("Memory limits", page_pool.h): admitted = mapped + |FREE|
+//   <=
 //     target; lowering moves FREE pages from the back to RECLAIMED, then
 //     unmaps IDLE pages from the back to RECLAIMED; DEFERRED while still over
 //     the target; a page emptied while over the target is unmapped to
@@ -32,6 +35,13 @@
 //     than min_idle_pages are IDLE and a bundle is affordable);
 //   - a device budget of a fixed number of bundles per device, shared by
 //     nothing else: affordable = max(0, budget_bundles - mapped pages);
+//   - revocation (docs/design.md, "Pages and engines"): while a listener
+//     (an engine's session) is attached, a page that would be unmapped
+//     becomes REVOKING instead: unmapped, off every list, still counted as
+//     mapped by the budget but not admitted; the pages one operation sends
+//     away form one revocation. When it is acknowledged (oldest first) or
+//     the listener leaves (all of them, oldest first), its pages land where
+//     they were headed, in order, and the limit is settled;
 //   - mapping in flight (docs/design.md, "The mapping transaction"): an
 //     Alloc or Reserve that must map takes every block of the mapped pages
 //     and the FREE pages it needs at once (BeginAcquire); those pages are
@@ -96,7 +106,8 @@ enum class MPage : uint8_t {
   kFull,
   kReclaimed,
   kEmpty,
-  kMapping,  // in flight: being mapped for one call
+  kMapping,   // in flight: being mapped for one call
+  kRevoking,  // leaving, waiting for a listener (REVOKING or QUARANTINED)
 };
 const char* MPageName(MPage s);
 
@@ -162,7 +173,12 @@ class ReferenceModel {
   int64_t reserved_on(int64_t p) const;
   int64_t PagesIn(MPage s) const;
   int64_t MappedPages() const;
-  int64_t Admitted() const { return MappedPages() + PagesIn(MPage::kFree); }
+  // Pages leaving for RECLAIMED (REVOKING) are no longer admitted; pages
+  // leaving for FREE still are.
+  int64_t Admitted() const {
+    return MappedPages() - RevokingToReclaimed() + PagesIn(MPage::kFree);
+  }
+  int64_t RevokingToReclaimed() const;
   int64_t Affordable() const;
   int64_t AvailableBlocks() const;
   int64_t AllocatedBlocks() const;  // excludes the null block
@@ -213,6 +229,15 @@ class ReferenceModel {
   int64_t Trim(int64_t max_pages);
   bool PreallocStep();
 
+  // ---- revocation ----
+  // A listener attaches (true) or leaves (false: every revocation lands).
+  void SetListening(bool on);
+  // The oldest revocation is acknowledged; false when none is pending.
+  bool AckOldestRevocation();
+  int64_t pending_revocations() const {
+    return static_cast<int64_t>(revocations_.size());
+  }
+
   // Checks the model's own bookkeeping; "" when consistent.
   std::string SelfCheck() const;
   std::string DebugString() const;
@@ -232,6 +257,15 @@ class ReferenceModel {
   void Settle();
   void AdmitReclaimed();
   void Reclaim(int64_t p, bool to_front);
+  // Where a page that leaves goes.
+  enum class Landing { kFreeBack, kReclaimedFront, kReclaimedBack };
+  // Unmaps page p toward `to`: at once (counted in *unmapped), or, while a
+  // listener is attached, REVOKING in the current operation's revocation.
+  void Leave(int64_t p, Landing to, int64_t* unmapped);
+  void Land(int64_t p, Landing to);
+  // Ends the current operation's revocation (if it sent pages away).
+  void CloseRevocation();
+  void LandRevocation(const std::vector<std::pair<int64_t, Landing>>& r);
 
   const ModelConfig config_;
   const ModelPolicy policy_;
@@ -250,6 +284,9 @@ class ReferenceModel {
   int64_t target_ = 0;
   // Blocks a Reserve in flight holds (no reservation yet).
   int64_t reserving_ = 0;
+  bool listening_ = false;
+  std::vector<std::pair<int64_t, Landing>> revoking_now_;
+  std::deque<std::vector<std::pair<int64_t, Landing>>> revocations_;
 };
 
 }  // namespace reference

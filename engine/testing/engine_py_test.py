@@ -176,6 +176,60 @@ def test_event_fd_and_callbacks(daemon):
         s.on_revoke(None)
 
 
+# The reader: a second process attached to the same pool, which prints, per
+# block, whether its K and V of every layer hold the writer's pattern.
+READER = r"""
+import sys
+import numpy
+from kvbroker import engine
+sock, token, blocks = sys.argv[1], sys.argv[2], [int(b) for b in sys.argv[3:]]
+with engine.Session(sock, holder="py-reader", token=token) as s:
+    s.attach("kv")
+    s.capacity()  # a round trip: every page announced so far is mapped
+    lay = s.layout
+    bad = 0
+    for layer in range(lay.num_layers):
+        for buf in range(lay.num_kv_buffers):
+            arr = numpy.asarray(s.kv_view(layer=layer, buffer=buf,
+                                          dtype="uint32"))
+            for b in blocks:
+                want = numpy.arange(arr.shape[1], dtype=numpy.uint32) + (
+                    b * 1000003 + layer * 7919 + buf * 104729)
+                bad += int(numpy.count_nonzero(arr[b] != want))
+    print("bad", bad, "pages", s.mapped_pages)
+"""
+
+
+def _pattern(arr, b, layer, buf):
+    return numpy.arange(arr.shape[1], dtype=numpy.uint32) + (
+        b * 1000003 + layer * 7919 + buf * 104729)
+
+
+def test_numpy_writes_are_read_by_another_process(daemon):
+    with engine.Session(daemon, holder="py-writer", token=TOKEN) as w:
+        w.attach("kv")
+        blocks = w.alloc(12)  # pages 0 and 1 (8 blocks per page)
+        lay = w.layout
+        for layer in range(lay.num_layers):
+            for buf in range(lay.num_kv_buffers):
+                arr = numpy.asarray(w.kv_view(layer=layer, buffer=buf,
+                                              dtype="uint32"))
+                for b in blocks:
+                    arr[b] = _pattern(arr, b, layer, buf)
+        reader = [os.environ.get("PYTHON", "/usr/bin/python3"), "-c", READER,
+                  daemon, TOKEN] + [str(b) for b in blocks]
+        out = subprocess.run(reader, capture_output=True, text=True,
+                             check=True).stdout
+        assert out == "bad 0 pages 2\n", out
+        # Another pattern in one block: the reader sees the change.
+        arr = numpy.asarray(w.kv_view(layer=1, buffer=1, dtype="uint32"))
+        arr[blocks[3]] += 1
+        out = subprocess.run(reader, capture_output=True, text=True,
+                             check=True).stdout
+        assert out == "bad %d pages 2\n" % arr.shape[1], out
+        assert w.free(blocks) == 12
+
+
 def test_unreachable_daemon_is_unavailable():
     with pytest.raises(engine.EngineError) as e:
         engine.Session("/tmp/kvb-no-such-socket.sock", holder="x")

@@ -6,6 +6,15 @@
 //   alloc N        -> "blocks ID..."         or "error REASON message"
 //   free ID...     -> "freed N"              or "error REASON message"
 //   capacity       -> "capacity AVAILABLE ALLOCATED"
+//   sync           -> "synced pages=<mapped>" after a round trip, so every
+//                     page the daemon announced before it has been mapped
+//   write SEED ID...  -> "wrote N bad M": the pattern (testing/pattern.h) of
+//   SEED
+//                     into every device, layer and buffer of each block
+//                     (M counts blocks on pages not mapped here)
+//   check SEED ID...  -> "checked N bad M": M words differ from the pattern
+//                     (SEED 0: from zeros); a block on a page this engine
+//                     has not mapped counts as entirely bad
 //   end [release]  -> ends the session and exits 0
 // Killing it (SIGKILL) is how tests model an engine that dies.
 
@@ -22,6 +31,7 @@
 #include "allocator/failure.h"
 #include "attach/frame.h"
 #include "engine/session.h"
+#include "engine/testing/pattern.h"
 
 ABSL_FLAG(std::string, socket, "", "kvbrokerd's --attach_socket");
 ABSL_FLAG(std::string, holder, "test-engine", "holder name");
@@ -31,6 +41,27 @@ ABSL_FLAG(int64_t, grace_ms, 0, "reattach grace, milliseconds");
 
 namespace kvbroker::engine {
 namespace {
+
+// Applies `fn(region, device_index, layer, buffer)` to every region of
+// `block` the session maps; false when the block's page is not mapped.
+template <typename Fn>
+bool ForEachRegion(Session& s, int64_t block, Fn fn) {
+  const auto& layout = s.layout();
+  if (block < 0 || block >= layout.max_blocks()) return false;
+  const int64_t page =
+      block * layout.block_stride_bytes() / layout.bundle_bytes();
+  if (!s.page_mapped(page)) return false;
+  for (int i = 0; i < s.device_count(); ++i) {
+    for (int64_t l = 0; l < layout.num_layers(); ++l) {
+      for (int64_t k = 0; k < layout.num_kv_buffers(); ++k) {
+        absl::StatusOr<uint64_t> a = s.BlockAddress(i, block, l, k);
+        if (!a.ok()) return false;
+        fn(reinterpret_cast<void*>(*a), i, l, k);
+      }
+    }
+  }
+  return true;
+}
 
 void PrintError(const absl::Status& s) {
   const FailureReason reason = GetReason(s);
@@ -101,6 +132,45 @@ int Run() {
                     static_cast<long>(r->capacity().allocated_blocks()));
       } else {
         PrintError(r.status());
+      }
+    } else if (words[0] == "sync") {
+      auto r = (*session)->Capacity();
+      if (r.ok()) {
+        std::printf("synced pages=%ld\n",
+                    static_cast<long>((*session)->mapped_pages()));
+      } else {
+        PrintError(r.status());
+      }
+    } else if ((words[0] == "write" || words[0] == "check") &&
+               words.size() >= 2) {
+      uint64_t seed = 0;
+      (void)absl::SimpleAtoi(words[1], &seed);
+      const int64_t bytes = (*session)->layout().block_bytes();
+      int64_t blocks = 0, bad = 0;
+      for (size_t w = 2; w < words.size(); ++w) {
+        int64_t b = -1;
+        (void)absl::SimpleAtoi(words[w], &b);
+        ++blocks;
+        bool mapped;
+        if (words[0] == "write") {
+          mapped = ForEachRegion(
+              **session, b, [&](void* r, int i, int64_t l, int64_t k) {
+                testing::WritePattern(r, bytes, seed, i, b, l, k);
+              });
+        } else {
+          mapped = ForEachRegion(
+              **session, b, [&](void* r, int i, int64_t l, int64_t k) {
+                bad += testing::PatternMismatches(r, bytes, seed, i, b, l, k);
+              });
+        }
+        if (!mapped) bad += bytes / 8;
+      }
+      if (words[0] == "write") {
+        std::printf("wrote %ld bad %ld\n", static_cast<long>(blocks),
+                    static_cast<long>(bad));
+      } else {
+        std::printf("checked %ld bad %ld\n", static_cast<long>(blocks),
+                    static_cast<long>(bad));
       }
     } else if (words[0] == "end") {
       const bool release = words.size() > 1 && words[1] == "release";

@@ -1,0 +1,282 @@
+// PagePool's hooks for engines, through the host backend: listeners hear of
+// every mapped page (with exported fds) before its blocks are handed out and
+// get a snapshot consistent with that; exported fds close with their
+// handles on every path (zeroing between holders: zeroing_test.cc).
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "allocator/fault_injecting_backend.h"
+#include "allocator/host_backend.h"
+#include "allocator/page_pool.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker {
+namespace {
+
+int OpenFds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+// Records what it hears, checking each fd is a live memfd of a page size.
+class RecordingListener : public PageListener {
+ public:
+  explicit RecordingListener(PagePool* pool) : pool_(pool) {}
+  void OnPagesMapped(absl::Span<const MappedPage> pages) override {
+    for (const MappedPage& m : pages) {
+      heard.push_back(m.page);
+      fds_per_page.push_back(static_cast<int>(m.fds.size()));
+      for (int fd : m.fds) {
+        struct stat st;
+        if (fstat(fd, &st) != 0 ||
+            st.st_size != pool_->geometry().bundle_bytes().value()) {
+          ++bad_fds;
+        }
+      }
+      // No block of the page has been handed out yet.
+      occupancy_at_news.push_back(static_cast<size_t>(
+          (*pool_->GetPageOccupancy({m.page}))[0].allocated_blocks.value()));
+    }
+  }
+  void OnPagesRevoked(uint64_t id, absl::Span<const PageId> pages,
+                      absl::Time deadline) override {
+    revocations.push_back(id);
+    revoked.insert(revoked.end(), pages.begin(), pages.end());
+    deadlines.push_back(deadline);
+  }
+  PagePool* pool_;
+  std::vector<uint64_t> revocations;
+  std::vector<PageId> revoked;
+  std::vector<absl::Time> deadlines;
+  std::vector<PageId> heard;
+  std::vector<int> fds_per_page;
+  std::vector<size_t> occupancy_at_news;
+  int bad_fds = 0;
+};
+
+class PageHooksTest : public ::testing::Test {
+ protected:
+  PageHooksTest()
+      : host_(HostBackendOptions{2, Bytes(64 * kGiB), MiB(2)}),
+        backend_(&host_),
+        budgets_(&backend_, 1.0) {
+    EXPECT_TRUE(budgets_.Init().ok());
+  }
+
+  // P = 2 MiB, B = 512 KiB: 4 blocks per page, 8 pages, devices {0, 1}.
+  std::unique_ptr<PagePool> MakePool(int64_t max_idle) {
+    PoolConfig c;
+    c.name = "p";
+    c.page_size = MiB(2);
+    c.block_bytes = KiB(512);
+    c.max_blocks = 32;
+    c.devices = {0, 1};
+    PoolOptions o;
+    o.min_idle_pages = 0;
+    o.max_idle_pages = max_idle;
+    o.revoke_timeout = absl::Seconds(5);
+    auto pool = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return pool.ok() ? *std::move(pool) : nullptr;
+  }
+
+  static std::vector<BlockId> Ids(const AllocResult& r) {
+    std::vector<BlockId> out;
+    for (const auto& pb : r.pages) {
+      out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
+    }
+    return out;
+  }
+
+  std::vector<BlockId> Alloc(PagePool& pool, int64_t n,
+                             const std::string& holder) {
+    AllocRequest a;
+    a.num_blocks = n;
+    a.holder = holder;
+    auto r = pool.Alloc(a);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? Ids(*r) : std::vector<BlockId>{};
+  }
+
+  void Free(PagePool& pool, const std::vector<BlockId>& ids) {
+    FreeRequest f;
+    f.block_ids = ids;
+    auto r = pool.Free(f);
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+
+  HostBackend host_;
+  FaultInjectingBackend backend_;
+  DeviceBudgets budgets_;
+  ManualClock clock_;
+};
+
+TEST_F(PageHooksTest, ListenersHearOfPagesBeforeTheirBlocksAndSnapshotsAgree) {
+  auto pool = MakePool(/*max_idle=*/0);
+  RecordingListener early(pool.get());
+  std::vector<PageId> snapshot;
+  ASSERT_TRUE(pool->AddPageListener(&early,
+                                    [&](auto pages) {
+                                      for (const MappedPage& m : pages)
+                                        snapshot.push_back(m.page);
+                                    })
+                  .ok());
+  EXPECT_TRUE(snapshot.empty());
+  // No listener, no export: nothing was exported before it registered.
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 0);
+
+  const std::vector<BlockId> six = Alloc(*pool, 6, "");  // pages 0 and 1
+  EXPECT_EQ(early.heard, (std::vector<PageId>{0, 1}));
+  EXPECT_EQ(early.fds_per_page, (std::vector<int>{2, 2}));
+  EXPECT_EQ(early.occupancy_at_news, (std::vector<size_t>{0, 0}));
+  EXPECT_EQ(early.bad_fds, 0);
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 4);
+
+  RecordingListener late(pool.get());
+  ASSERT_TRUE(pool->AddPageListener(&late,
+                                    [&](auto pages) {
+                                      snapshot.clear();
+                                      for (const MappedPage& m : pages)
+                                        snapshot.push_back(m.page);
+                                    })
+                  .ok());
+  EXPECT_EQ(snapshot, (std::vector<PageId>{0, 1}));
+  // Already exported: the snapshot reuses the fds.
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 4);
+
+  // Freeing page 0 would unmap it (max_idle 0), but both listeners map it:
+  // it is revoked, and out of use until both let go. 32 blocks, 2
+  // allocated on page 1, page 0 neither available nor FREE.
+  Free(*pool, {six.begin(), six.begin() + 4});
+  EXPECT_EQ(early.revoked, (std::vector<PageId>{0}));
+  EXPECT_EQ(late.revocations, early.revocations);
+  CapacitySnapshot c = *pool->Capacity();
+  EXPECT_EQ(c.pages_revoking.value(), 1);
+  EXPECT_EQ(c.pages_quarantined.value(), 0);
+  EXPECT_EQ(c.pages_mapping.value(), 0);
+  EXPECT_EQ(c.available_blocks.value(), 26);
+  EXPECT_EQ(pool->pending_revocations(&early), 1);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+  // Leaving counts as letting go; the page still waits for `early`.
+  pool->RemovePageListener(&late);
+  EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 1);
+  EXPECT_TRUE(
+      absl::IsNotFound(pool->AckRevocation(&late, late.revocations.front())));
+  ASSERT_TRUE(pool->AckRevocation(&early, early.revocations.front()).ok());
+  c = *pool->Capacity();
+  EXPECT_EQ(c.pages_revoking.value(), 0);
+  EXPECT_EQ(c.available_blocks.value(), 30);
+  EXPECT_EQ(pool->pending_revocations(&early), 0);
+  EXPECT_TRUE(
+      absl::IsNotFound(pool->AckRevocation(&early, early.revocations.front())));
+  // A new snapshot omits it.
+  ASSERT_TRUE(pool->AddPageListener(&late,
+                                    [&](auto pages) {
+                                      snapshot.clear();
+                                      for (const MappedPage& m : pages)
+                                        snapshot.push_back(m.page);
+                                    })
+                  .ok());
+  EXPECT_EQ(snapshot, (std::vector<PageId>{1}));
+  EXPECT_EQ(pool->announced_pages(), 1);
+
+  // A new page (page 0 went to the back of the FREE list): both hear of it.
+  Alloc(*pool, 4, "");
+  EXPECT_EQ(early.heard, (std::vector<PageId>{0, 1, 2}));
+  EXPECT_EQ(late.heard, (std::vector<PageId>{2}));
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 6);
+  pool->RemovePageListener(&early);
+  pool->RemovePageListener(&late);
+  Alloc(*pool, 4, "");  // page 3: nobody listens, nothing is exported
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 6);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
+  auto pool = MakePool(/*max_idle=*/1);
+  const int baseline = OpenFds();
+  RecordingListener l(pool.get());
+  ASSERT_TRUE(pool->AddPageListener(&l, [](auto) {}).ok());
+  const std::vector<BlockId> twelve = Alloc(*pool, 12, "");  // pages 0-2
+  // A memfd per handle (host backend) and its export.
+  EXPECT_EQ(OpenFds(), baseline + 6 + 6);
+  Free(*pool, twelve);  // one page stays IDLE, two are revoked
+  EXPECT_EQ(OpenFds(), baseline + 6 + 6);
+  ASSERT_EQ(l.revocations.size(), 1u);
+  ASSERT_TRUE(pool->AckRevocation(&l, l.revocations[0]).ok());
+  EXPECT_EQ(OpenFds(), baseline + 2 + 2);
+
+  // A failed mapping rolls back: the pages it mapped never announced,
+  // nothing exported survives.
+  backend_.AddFault({BackendOp::kCreate, FaultKind::kOutOfMemory, /*nth=*/3,
+                     /*device=*/1});
+  AllocRequest a;
+  a.num_blocks = 16;  // the IDLE page and 3 new ones; the third fails
+  EXPECT_FALSE(pool->Alloc(a).ok());
+  EXPECT_EQ(l.heard.size(), 3u);
+  EXPECT_EQ(OpenFds(), baseline + 2 + 2);
+
+  // Forced shutdown with blocks allocated and a page still revoking
+  // closes everything.
+  backend_.ClearFaults();
+  const std::vector<BlockId> nine = Alloc(*pool, 9, "");  // IDLE + 2 new
+  EXPECT_EQ(l.heard.size(), 5u);
+  EXPECT_EQ(OpenFds(), baseline + 6 + 6);
+  Free(*pool, {nine.begin(), nine.begin() + 4});  // kept IDLE
+  Free(*pool, {nine.back()});                     // alone on its page: revoked
+  EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 1);
+  EXPECT_EQ(OpenFds(), baseline + 6 + 6);
+  EXPECT_TRUE(pool->Shutdown(/*force=*/true).ok());
+  EXPECT_EQ(OpenFds(), baseline);
+  pool->RemovePageListener(&l);
+}
+
+TEST_F(PageHooksTest, UnacknowledgedRevocationQuarantinesUntilTheListenerGoes) {
+  auto pool = MakePool(/*max_idle=*/0);
+  RecordingListener l(pool.get());
+  ASSERT_TRUE(pool->AddPageListener(&l, [](auto) {}).ok());
+  const std::vector<BlockId> four = Alloc(*pool, 4, "");  // page 0
+  const Bytes charged = budgets_.Snapshot(0).charged;
+  Free(*pool, four);
+  ASSERT_EQ(l.deadlines.size(), 1u);
+  EXPECT_EQ(l.deadlines[0], clock_.Now() + absl::Seconds(5));
+  EXPECT_EQ(pool->quarantined_pages(&l), 0);
+
+  clock_.Advance(absl::Seconds(6));
+  CapacitySnapshot c = *pool->Capacity();
+  EXPECT_EQ(c.pages_revoking.value(), 0);
+  EXPECT_EQ(c.pages_quarantined.value(), 1);
+  EXPECT_EQ(c.pages_free.value(), 7);
+  EXPECT_EQ(c.available_blocks.value(), 28);
+  EXPECT_EQ(pool->quarantined_pages(&l), 1);
+  // Still charged: its memory has not gone back to the device.
+  EXPECT_EQ(budgets_.Snapshot(0).charged, charged);
+  // Not reused: the whole pool cannot be had, the rest can.
+  AllocRequest all;
+  all.num_blocks = 32;
+  EXPECT_FALSE(pool->Alloc(all).ok());
+  EXPECT_EQ(Alloc(*pool, 28, "").size(), 28u);
+  EXPECT_EQ(pool->Capacity()->available_blocks.value(), 0);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+
+  // The listener leaves: the page is unmapped and FREE again.
+  pool->RemovePageListener(&l);
+  c = *pool->Capacity();
+  EXPECT_EQ(c.pages_quarantined.value(), 0);
+  EXPECT_EQ(c.pages_free.value(), 1);
+  EXPECT_EQ(c.available_blocks.value(), 4);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+}  // namespace
+}  // namespace kvbroker

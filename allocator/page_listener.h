@@ -1,0 +1,50 @@
+// PageListener: how a pool tells the world outside the allocator that its
+// pages became mapped, so that engines sharing the memory (SPEC section 10)
+// can map them too. The allocator knows nothing about who listens; the
+// daemon's attach server implements this interface per session.
+
+#ifndef KVBROKER_ALLOCATOR_PAGE_LISTENER_H_
+#define KVBROKER_ALLOCATOR_PAGE_LISTENER_H_
+
+#include <vector>
+
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "allocator/units.h"
+
+namespace kvbroker {
+
+// A mapped page and its physical handles, exported.
+struct MappedPage {
+  PageId page = 0;
+  // One fd per device of the pool, in the pool's device order. Borrowed from
+  // the pool: valid only during the call that passes it; dup what you keep.
+  std::vector<int> fds;
+};
+
+class PageListener {
+ public:
+  virtual ~PageListener() = default;
+
+  // `pages` were just mapped on every device of the pool. Called after the
+  // mapping succeeded and before any block on them is handed out (before
+  // the call that mapped them returns, or the prealloc worker files them
+  // IDLE), on the thread that mapped them, without the pool lock but with
+  // the pool's announcement lock held: it must not call into the pool, and
+  // should only queue work (it delays that mapping call).
+  virtual void OnPagesMapped(absl::Span<const MappedPage> pages) = 0;
+
+  // The pool wants to unmap `pages`, which this listener knows as mapped.
+  // The listener has its engine unmap them and then calls
+  // PagePool::AckRevocation(this, revocation_id); leaving (RemovePageListener)
+  // counts as acknowledging. Until every listener told has acknowledged,
+  // the pages are out of use: REVOKING, and QUARANTINED once `deadline`
+  // (pool clock) has passed. Same calling rules as OnPagesMapped.
+  virtual void OnPagesRevoked(uint64_t revocation_id,
+                              absl::Span<const PageId> pages,
+                              absl::Time deadline) = 0;
+};
+
+}  // namespace kvbroker
+
+#endif  // KVBROKER_ALLOCATOR_PAGE_LISTENER_H_
