@@ -127,6 +127,9 @@ class AttachServer::Session {
 
  private:
   void Run();
+  // Answers the engine's SessionEnd (when it asked with a seq) once
+  // Finished has freed or parked the holder's blocks; `outcome` says which.
+  void ConfirmEnd(const std::string& outcome);
   // Answers one frame; false when the session ends.
   bool Handle(ReceivedFrame received);
   void Reply(uint64_t seq, absl::StatusOr<v1::Frame> reply);
@@ -159,6 +162,9 @@ class AttachServer::Session {
   std::shared_ptr<PagePool> pool_;
   std::string pool_name_;
   bool release_on_end_ = false;
+  // The seq of the engine's SessionEnd; 0 when it sent none or sent it
+  // without a seq (then it is not answered).
+  uint64_t end_seq_ = 0;
 };
 
 void AttachServer::Session::Run() {
@@ -185,7 +191,15 @@ void AttachServer::Session::Run() {
     }
     if (!Handle(*std::move(got))) break;
   }
-  server_->Finished(this);
+  ConfirmEnd(server_->Finished(this));
+}
+
+void AttachServer::Session::ConfirmEnd(const std::string& outcome) {
+  if (end_seq_ == 0) return;
+  v1::Frame end;
+  end.set_seq(end_seq_);
+  end.mutable_session_end()->set_message(outcome);
+  channel_.Send(end).IgnoreError();
 }
 
 void AttachServer::Session::Reply(uint64_t seq,
@@ -228,6 +242,7 @@ bool AttachServer::Session::Handle(ReceivedFrame received) {
       return true;
     case v1::Frame::kSessionEnd:
       release_on_end_ = f.session_end().release();
+      end_seq_ = seq;
       return false;
     default:
       Reply(seq,
@@ -646,25 +661,33 @@ void AttachServer::FreeAll(const std::string& name, Holder& h) {
   h.pool = nullptr;
 }
 
-void AttachServer::Finished(Session* session) {
+std::string AttachServer::Finished(Session* session) {
   absl::MutexLock lock(&mu_);
+  std::string outcome = "session ended";
   if (!session->holder().empty()) {
     auto it = holders_.find(session->holder());
     if (it != holders_.end() && it->second.session == session) {
       Holder& h = it->second;
       h.session = nullptr;
+      const size_t blocks = h.blocks.size();
       if (session->release_on_end() ||
           session->grace() <= absl::ZeroDuration() || stopping_ ||
           h.blocks.empty()) {
         FreeAll(it->first, h);
         holders_.erase(it);
+        outcome = absl::StrCat("holder ", session->holder(), ": ", blocks,
+                               " blocks freed");
       } else {
         h.grace_ends = absl::Now() + session->grace();
+        outcome = absl::StrCat("holder ", session->holder(), ": ", blocks,
+                               " blocks kept for ",
+                               absl::FormatDuration(session->grace()));
       }
     }
   }
   auto node = sessions_.extract(session->id());
   if (!node.empty()) finished_.push_back(std::move(node.mapped()));
+  return outcome;
 }
 
 void AttachServer::ReapExpired() {

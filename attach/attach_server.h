@@ -23,6 +23,11 @@
 // name (HelloReply.reattached), or freed when the grace runs out. A holder
 // has at most one live session (HOLDER_BUSY).
 //
+// Ending: an engine's SessionEnd that carries a seq is answered with a
+// SessionEnd of the same seq once the holder's blocks have been freed or
+// parked, so an engine that waits for it can reattach at once under the
+// same holder name without meeting its own old session (HOLDER_BUSY).
+//
 // Listener: an existing socket file is replaced only when nobody answers on
 // it; a live server on the path is never taken over (FAILED_PRECONDITION
 // naming its pid). The socket file is removed on Stop.
@@ -131,8 +136,9 @@ class AttachServer {
   void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Frees `h`'s blocks in its pool (logging a failure) and forgets them.
   static void FreeAll(const std::string& name, Holder& h);
-  // Called by a session's thread when it ends.
-  void Finished(Session* session) ABSL_LOCKS_EXCLUDED(mu_);
+  // Called by a session's thread when it ends: frees or parks the holder's
+  // blocks; returns what became of them, for the engine's SessionEnd reply.
+  std::string Finished(Session* session) ABSL_LOCKS_EXCLUDED(mu_);
 
   Broker* const broker_;
   const AttachServerOptions options_;

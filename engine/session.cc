@@ -2,6 +2,7 @@
 
 #include "engine/session.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,7 +20,8 @@ using attach::FrameChannel;
 using attach::ProtocolFailure;
 using attach::ReceivedFrame;
 
-Session::Session(FrameChannel channel) : channel_(std::move(channel)) {}
+Session::Session(FrameChannel channel, absl::Duration close_timeout)
+    : channel_(std::move(channel)), close_timeout_(close_timeout) {}
 
 Session::~Session() { Close(/*release=*/false).IgnoreError(); }
 
@@ -28,7 +30,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
   absl::StatusOr<FrameChannel> channel =
       FrameChannel::Connect(options.socket_path);
   if (!channel.ok()) return channel.status();
-  std::unique_ptr<Session> session(new Session(std::move(*channel)));
+  std::unique_ptr<Session> session(
+      new Session(std::move(*channel), options.close_timeout));
   av1::Frame hello;
   av1::Hello* h = hello.mutable_hello();
   h->set_protocol_version(attach::kProtocolVersion);
@@ -379,8 +382,11 @@ absl::Status Session::Close(bool release) {
   absl::Status status;
   if (!closed_) {
     av1::Frame end;
+    const uint64_t seq = next_seq_++;
+    end.set_seq(seq);
     end.mutable_session_end()->set_release(release);
     status = channel_.Send(end);
+    if (status.ok()) status = AwaitSessionEnd(seq);
     closed_ = true;
   }
   mappers_.clear();
@@ -388,6 +394,38 @@ absl::Status Session::Close(bool release) {
   mapped_count_ = 0;
   shutdown(channel_.fd(), SHUT_RDWR);
   return status;
+}
+
+absl::Status Session::AwaitSessionEnd(uint64_t seq) {
+  const absl::Time deadline = absl::Now() + close_timeout_;
+  while (true) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p = {channel_.fd(), POLLIN, 0};
+    const int n = left_ms > 0 ? poll(&p, 1, static_cast<int>(left_ms)) : 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the daemon did not confirm the end of the session within ",
+          absl::FormatDuration(close_timeout_)));
+    }
+    absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    if (!got.ok()) {
+      // The daemon closed the connection: it has finished with the session.
+      if (absl::IsCancelled(got.status())) return absl::OkStatus();
+      if (attach::ProtocolErrorOf(got.status()) ==
+          av1::PROTOCOL_ERROR_UNSPECIFIED) {
+        return got.status();
+      }
+      continue;  // a bad frame: dropped
+    }
+    if (got->frame.has_session_end() &&
+        (got->frame.seq() == seq || got->frame.seq() == 0)) {
+      return absl::OkStatus();
+    }
+    // Pages mapped or revoked meanwhile no longer matter: the session's
+    // revocations count as acknowledged once it ends, and the fds that came
+    // along close here.
+  }
 }
 
 }  // namespace kvbroker::engine
