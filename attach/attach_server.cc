@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -124,6 +126,10 @@ class AttachServer::Session {
   // Whether the engine asked for its blocks to go now (SessionEnd.release).
   bool release_on_end() const { return release_on_end_; }
   absl::Duration grace() const { return grace_; }
+  absl::Time attached_since() const { return attached_since_; }
+  int64_t mapped_pages() const { return mapped_pages_.load(); }
+  int64_t pending_revocations() const { return pending_revocations_.load(); }
+  int64_t quarantined_pages() const { return quarantined_pages_.load(); }
 
  private:
   void Run();
@@ -151,9 +157,9 @@ class AttachServer::Session {
   FrameChannel channel_;
   std::thread thread_;
 
-  // Session state, touched only by the session's thread (holder_, pid_ and
-  // pool_name_ are also read by Sessions(), after being written under the
-  // server's lock).
+  // Session state, touched only by the session's thread (holder_, pid_,
+  // grace_ and pool_name_ are also read by Sessions(), after being written
+  // under the server's lock).
   bool greeted_ = false;
   std::string holder_;
   int64_t pid_ = 0;
@@ -162,6 +168,17 @@ class AttachServer::Session {
   std::shared_ptr<PagePool> pool_;
   std::string pool_name_;
   bool release_on_end_ = false;
+  // When Hello was accepted; written under the server's lock.
+  absl::Time attached_since_;
+  // Operator counters (SessionInfo), read by ListSessions and metrics while
+  // the session runs. Page export and revocation keep them: mapped_pages_
+  // counts the pages sent to this engine in PagesMapped and not revoked
+  // since; pending_revocations_ the Revokes sent and not acknowledged
+  // within their deadline; quarantined_pages_ the pages whose deadline
+  // passed without an acknowledgement (released by the ack or the end).
+  std::atomic<int64_t> mapped_pages_{0};
+  std::atomic<int64_t> pending_revocations_{0};
+  std::atomic<int64_t> quarantined_pages_{0};
   // The seq of the engine's SessionEnd; 0 when it sent none or sent it
   // without a seq (then it is not answered).
   uint64_t end_seq_ = 0;
@@ -304,8 +321,9 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnHello(
     }
     holder_ = hello.holder();
     pid_ = hello.pid();
+    attached_since_ = absl::Now();
+    grace_ = grace;
   }
-  grace_ = grace;
   greeted_ = true;
   v1::Frame out;
   v1::HelloReply* r = out.mutable_hello_reply();
@@ -679,6 +697,9 @@ std::string AttachServer::Finished(Session* session) {
                                " blocks freed");
       } else {
         h.grace_ends = absl::Now() + session->grace();
+        h.pid = session->pid();
+        h.attached_since = session->attached_since();
+        h.grace = session->grace();
         outcome = absl::StrCat("holder ", session->holder(), ": ", blocks,
                                " blocks kept for ",
                                absl::FormatDuration(session->grace()));
@@ -736,21 +757,58 @@ void AttachServer::Stop() {
   unlink(options_.socket_path.c_str());
 }
 
+SessionInfo AttachServer::InfoOf(const Session& s) const {
+  SessionInfo info;
+  info.session_id = s.id();
+  info.holder = s.holder();
+  info.pid = s.pid();
+  info.pool = s.pool_name();
+  info.mapped_pages = s.mapped_pages();
+  info.pending_revocations = s.pending_revocations();
+  info.quarantined_pages = s.quarantined_pages();
+  info.attached_since = s.attached_since();
+  info.reattach_grace = s.grace();
+  auto it = holders_.find(s.holder());
+  if (it != holders_.end() && it->second.session == &s) {
+    info.blocks = static_cast<int64_t>(it->second.blocks.size());
+  }
+  return info;
+}
+
 std::vector<SessionInfo> AttachServer::Sessions() const {
   absl::MutexLock lock(&mu_);
   std::vector<SessionInfo> out;
-  for (const auto& [id, s] : sessions_) {
-    SessionInfo info;
-    info.session_id = id;
-    info.holder = s->holder();
-    info.pid = s->pid();
-    info.pool = s->pool_name();
-    auto it = holders_.find(s->holder());
-    if (it != holders_.end()) {
-      info.blocks = static_cast<int64_t>(it->second.blocks.size());
+  for (const auto& [id, s] : sessions_) out.push_back(InfoOf(*s));
+  return out;
+}
+
+std::vector<SessionInfo> AttachServer::ListSessions() const {
+  std::vector<SessionInfo> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : sessions_) {
+      if (s->holder().empty()) continue;  // no Hello yet
+      out.push_back(InfoOf(*s));
     }
-    out.push_back(std::move(info));
+    for (const auto& [name, h] : holders_) {
+      if (h.session != nullptr) continue;
+      SessionInfo info;
+      info.holder = name;
+      info.pid = h.pid;
+      info.pool = h.pool != nullptr ? h.pool->name() : "";
+      info.blocks = static_cast<int64_t>(h.blocks.size());
+      info.attached_since = h.attached_since;
+      info.reattach_grace = h.grace;
+      info.in_grace = true;
+      info.grace_ends = h.grace_ends;
+      out.push_back(std::move(info));
+    }
   }
+  std::sort(out.begin(), out.end(),
+            [](const SessionInfo& a, const SessionInfo& b) {
+              return std::tie(a.pool, a.holder, a.session_id) <
+                     std::tie(b.pool, b.holder, b.session_id);
+            });
   return out;
 }
 

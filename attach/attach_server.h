@@ -52,6 +52,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "allocator/broker.h"
+#include "attach/session_directory.h"
 #include "attach/unique_fd.h"
 #include "server/access.h"
 
@@ -76,15 +77,6 @@ inline constexpr int64_t kMaxSessionPageList = 1024;  // Capacity.max_pages
 inline constexpr size_t kMaxHolderLength = 128;
 inline constexpr size_t kMaxIdLength = 128;  // request and reservation ids
 
-// One line of `kvbrokerctl sessions`.
-struct SessionInfo {
-  uint64_t session_id = 0;
-  std::string holder;
-  int64_t pid = 0;
-  std::string pool;  // empty until attached
-  int64_t blocks = 0;
-};
-
 // What a holder left behind, for tests and operators.
 struct HolderInfo {
   std::string holder;
@@ -93,7 +85,7 @@ struct HolderInfo {
   bool live = false;  // has a session now; else waiting out its grace
 };
 
-class AttachServer {
+class AttachServer final : public SessionDirectory {
  public:
   // Binds and starts accepting. UNAVAILABLE when the socket cannot be bound;
   // FAILED_PRECONDITION when a live server holds the path.
@@ -110,7 +102,12 @@ class AttachServer {
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& socket_path() const { return options_.socket_path; }
+  // The live sessions, by session id.
   std::vector<SessionInfo> Sessions() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The live sessions and the holders in grace (SessionDirectory), for
+  // ListSessions, metrics and `kvbrokerctl sessions`.
+  std::vector<SessionInfo> ListSessions() const override
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<HolderInfo> Holders() const ABSL_LOCKS_EXCLUDED(mu_);
   // Frees the blocks of holders whose grace has passed (the accept thread
   // calls it every reap_interval).
@@ -129,7 +126,13 @@ class AttachServer {
     std::deque<std::string> free_request_ids;
     Session* session = nullptr;  // the live session; null while in grace
     absl::Time grace_ends;
+    // Of the last session (for operators while in grace).
+    int64_t pid = 0;
+    absl::Time attached_since;
+    absl::Duration grace;
   };
+  // The live session `s` as operators see it.
+  SessionInfo InfoOf(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   AttachServer(Broker* broker, AttachServerOptions options, UniqueFd listener,
                UniqueFd wake);
