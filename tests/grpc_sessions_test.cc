@@ -111,7 +111,9 @@ class SessionsTest : public ::testing::TestWithParam<Transport> {
       engine::AttachOptions a;
       a.pool = pool;
       EXPECT_TRUE((*s)->Attach(a).ok());
-      if (blocks > 0) EXPECT_TRUE((*s)->Alloc(blocks).ok());
+      if (blocks > 0) {
+        EXPECT_TRUE((*s)->Alloc(blocks).ok());
+      }
     }
     engines_.push_back(*std::move(s));
     return engines_.back().get();

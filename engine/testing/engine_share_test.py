@@ -14,11 +14,13 @@ as a script on a GPU machine:
     KVB_TEST_BACKEND=cuda KVBROKERD=... KVBROKERCTL=... \\
     KVBROKER_ENGINE_LIBRARY=... PYTHONPATH=py python3 engine_share_test.py
 which prints "PASSED", "SKIPPED: why" or "FAILED: why" last and exits 0 only
-when it passed or skipped (no torch or no CUDA device).
+when it passed or skipped (no torch or no CUDA device). KVBROKERD and
+KVBROKERCTL are command lines (a bundle's runner and the binary's name).
 """
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -79,7 +81,8 @@ class Daemon:
             f.write(POOL)
         self.attach = os.path.join(self.dir, "attach.sock")
         self.grpc = os.path.join(self.dir, "grpc.sock")
-        args = [os.environ["KVBROKERD"], "--backend=" + BACKEND,
+        args = shlex.split(os.environ["KVBROKERD"]) + [
+                "--backend=" + BACKEND,
                 "--listen=", "--unix_socket=" + self.grpc,
                 "--attach_socket=" + self.attach, "--pools=" + pools,
                 "--min_idle_pages=0", "--max_idle_pages=0"]
@@ -96,8 +99,8 @@ class Daemon:
 
     def ctl(self, *args):
         out = subprocess.run(
-            [os.environ["KVBROKERCTL"], "--server=unix:" + self.grpc,
-             "--json"] + list(args),
+            shlex.split(os.environ["KVBROKERCTL"]) +
+            ["--server=unix:" + self.grpc, "--json"] + list(args),
             capture_output=True, text=True, env=CHILD_ENV)
         if out.returncode != 0:
             raise AssertionError("kvbrokerctl %s: %s" % (args, out.stderr))
