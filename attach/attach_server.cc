@@ -151,6 +151,14 @@ class AttachServer::Session {
   absl::Status CheckPool(absl::string_view pool) const;
   // Allocates through the pool and records the blocks as the holder's.
   absl::StatusOr<kv1::AllocResponse> AllocForHolder(AllocRequest alloc);
+  // Takes `ids` out of the holder's set if it owns each exactly once;
+  // otherwise changes nothing and refuses (INVALID_ARGUMENT for a repeat,
+  // BLOCK_NOT_ALLOCATED for one it does not own).
+  static absl::Status TakeOwned(Holder& h, absl::Span<const int64_t> ids,
+                                const std::string& holder);
+  // Remembers a Free's request id (bounded) so that its retry reaches the
+  // pool's replay.
+  static void RememberFree(Holder& h, const std::string& request_id);
 
   AttachServer* const server_;
   const uint64_t id_;
@@ -396,8 +404,7 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnAttach(
       FreeAll(holder_, h);
     }
     h.pool = *pool;
-    std::vector<int64_t> held(h.blocks.begin(), h.blocks.end());
-    std::sort(held.begin(), held.end());
+    const std::vector<int64_t> held = h.blocks.Sorted();
     for (int64_t b : held) {
       const int64_t page = g.page_of(b);
       if (reply->held_size() == 0 ||
@@ -478,6 +485,41 @@ absl::StatusOr<kv1::AllocResponse> AttachServer::Session::AllocForHolder(
   return response;
 }
 
+absl::Status AttachServer::Session::TakeOwned(Holder& h,
+                                              absl::Span<const int64_t> ids,
+                                              const std::string& holder) {
+  // Each id is taken out as it is checked, so a repeat finds itself gone;
+  // on a refusal the ones taken go back and nothing changed.
+  size_t taken = 0;
+  while (taken < ids.size() && h.blocks.erase(ids[taken])) ++taken;
+  if (taken == ids.size()) return absl::OkStatus();
+  const int64_t b = ids[taken];
+  const bool repeated =
+      std::find(ids.begin(), ids.begin() + taken, b) != ids.begin() + taken;
+  h.blocks.insert(ids.begin(), ids.begin() + taken);
+  // Foreign blocks are refused here, as the pool would refuse a block that
+  // is not allocated at all.
+  if (repeated) {
+    return InvalidField("block_ids", absl::StrCat("block ", b, " repeated"));
+  }
+  return MakeFailure(FailureReason::kBlockNotAllocated,
+                     absl::StrCat("block ", b, " is not allocated to holder ",
+                                  holder, "; nothing was freed"),
+                     {{"block_id", Num(b)}, {"holder", holder}});
+}
+
+void AttachServer::Session::RememberFree(Holder& h,
+                                         const std::string& request_id) {
+  if (request_id.empty() || !h.free_request_set.insert(request_id).second) {
+    return;
+  }
+  h.free_request_ids.push_back(request_id);
+  if (h.free_request_ids.size() > kRememberedFrees) {
+    h.free_request_set.erase(h.free_request_ids.front());
+    h.free_request_ids.pop_front();
+  }
+}
+
 absl::StatusOr<v1::Frame> AttachServer::Session::OnAlloc(
     const kv1::AllocRequest& request) {
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
@@ -510,50 +552,38 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnFree(
   }
   KVB_RETURN_IF_ERROR(CheckId("request_id", request.request_id()));
   const std::string request_id = HolderRequestId(holder_, request.request_id());
-  std::vector<int64_t> ids(request.block_ids().begin(),
-                           request.block_ids().end());
+  const absl::Span<const int64_t> ids(request.block_ids().data(),
+                                      request.block_ids().size());
+  // Whether the ids were taken out of the holder's set here (a retry's are
+  // not: they may be gone already); they go back if the pool refuses.
+  bool taken = false;
   {
     absl::MutexLock lock(&server_->mu_);
     Holder& h = server_->holders_[holder_];
     const bool retry =
-        !request_id.empty() &&
-        std::find(h.free_request_ids.begin(), h.free_request_ids.end(),
-                  request_id) != h.free_request_ids.end();
+        !request_id.empty() && h.free_request_set.contains(request_id);
     if (!retry) {
-      absl::flat_hash_set<int64_t> seen;
-      for (int64_t b : ids) {
-        if (!h.blocks.contains(b) || !seen.insert(b).second) {
-          // Repeats and foreign blocks are refused here, as the pool would
-          // refuse a block that is not allocated at all.
-          if (seen.contains(b) && h.blocks.contains(b)) {
-            return InvalidField("block_ids",
-                                absl::StrCat("block ", b, " repeated"));
-          }
-          return MakeFailure(
-              FailureReason::kBlockNotAllocated,
-              absl::StrCat("block ", b, " is not allocated to holder ", holder_,
-                           "; nothing was freed"),
-              {{"block_id", Num(b)}, {"holder", holder_}});
-        }
-      }
+      KVB_RETURN_IF_ERROR(TakeOwned(h, ids, holder_));
+      taken = true;
     }
   }
   FreeRequest free;
   free.block_ids = ids;
   free.request_id = request_id;
   absl::StatusOr<FreeResult> result = pool_->Free(free);
-  if (!result.ok()) return result.status();
-  if (!result->replayed) {
+  {
     absl::MutexLock lock(&server_->mu_);
     Holder& h = server_->holders_[holder_];
-    for (int64_t b : ids) h.blocks.erase(b);
-    if (!request_id.empty()) {
-      h.free_request_ids.push_back(request_id);
-      if (h.free_request_ids.size() > kRememberedFrees) {
-        h.free_request_ids.pop_front();
+    if (!result.ok() || result->replayed) {
+      if (taken) h.blocks.insert(ids.begin(), ids.end());
+    } else {
+      if (!taken) {
+        for (int64_t b : ids) h.blocks.erase(b);
       }
+      RememberFree(h, request_id);
     }
   }
+  if (!result.ok()) return result.status();
   v1::Frame out;
   ToProto(*result, out.mutable_free_reply());
   return out;
@@ -665,7 +695,7 @@ void AttachServer::AcceptLoop() {
 
 void AttachServer::FreeAll(const std::string& name, Holder& h) {
   if (h.pool != nullptr && !h.blocks.empty()) {
-    std::vector<BlockId> ids(h.blocks.begin(), h.blocks.end());
+    const std::vector<BlockId> ids = h.blocks.Sorted();
     FreeRequest free;
     free.block_ids = ids;
     absl::StatusOr<FreeResult> r = h.pool->Free(free);
@@ -676,6 +706,7 @@ void AttachServer::FreeAll(const std::string& name, Holder& h) {
   }
   h.blocks.clear();
   h.free_request_ids.clear();
+  h.free_request_set.clear();
   h.pool = nullptr;
 }
 

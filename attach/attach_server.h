@@ -52,6 +52,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "allocator/broker.h"
+#include "attach/block_set.h"
 #include "attach/session_directory.h"
 #include "attach/unique_fd.h"
 #include "server/access.h"
@@ -120,10 +121,11 @@ class AttachServer final : public SessionDirectory {
   // A holder's blocks, which outlive its sessions for the grace.
   struct Holder {
     std::shared_ptr<PagePool> pool;
-    absl::flat_hash_set<int64_t> blocks;
+    BlockSet blocks;
     // Request ids of recent Frees (bounded), whose blocks may be gone from
     // `blocks`: a retry goes to the pool for its replay.
-    std::deque<std::string> free_request_ids;
+    std::deque<std::string> free_request_ids;           // oldest first
+    absl::flat_hash_set<std::string> free_request_set;  // the same ids
     Session* session = nullptr;  // the live session; null while in grace
     absl::Time grace_ends;
     // Of the last session (for operators while in grace).

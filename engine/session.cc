@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
   h->mutable_reattach_grace()->set_nanos(
       static_cast<int32_t>(absl::ToInt64Nanoseconds(
           grace - absl::Seconds(absl::ToInt64Seconds(grace)))));
-  absl::MutexLock lock(&session->mu_);
+  SessionLock lock(&session->mu_);
   absl::StatusOr<av1::Frame> reply = session->Call(std::move(hello));
   if (!reply.ok()) return reply.status();
   if (!reply->has_hello_reply()) {
@@ -173,7 +173,7 @@ absl::Status Session::Revoke(const av1::Revoke& revoke) {
 }
 
 absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (attached_) {
     return absl::FailedPreconditionError(
         absl::StrCat("already attached to pool ", layout_.pool()));
@@ -219,7 +219,7 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
 }
 
 uint64_t Session::device_base(int device_index) const {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (device_index < 0 || device_index >= static_cast<int>(mappers_.size())) {
     return 0;
   }
@@ -252,18 +252,18 @@ absl::StatusOr<uint64_t> Session::BlockAddress(int device_index, int64_t block,
 }
 
 bool Session::page_mapped(int64_t page_id) const {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   return page_id >= 0 && page_id < static_cast<int64_t>(mapped_.size()) &&
          mapped_[page_id];
 }
 
 int64_t Session::mapped_pages() const {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   return mapped_count_;
 }
 
 absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_alloc() = std::move(request);
@@ -291,7 +291,7 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
 }
 
 absl::StatusOr<kv1::FreeResponse> Session::Free(kv1::FreeRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_free() = std::move(request);
@@ -313,7 +313,7 @@ absl::StatusOr<kv1::FreeResponse> Session::Free(
 
 absl::StatusOr<kv1::ReserveResponse> Session::Reserve(
     kv1::ReserveRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_reserve() = std::move(request);
@@ -327,7 +327,7 @@ absl::StatusOr<kv1::ReserveResponse> Session::Reserve(
 
 absl::StatusOr<kv1::ReleaseReservationResponse> Session::ReleaseReservation(
     kv1::ReleaseReservationRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_release_reservation() = std::move(request);
@@ -342,7 +342,7 @@ absl::StatusOr<kv1::ReleaseReservationResponse> Session::ReleaseReservation(
 
 absl::StatusOr<kv1::CapacityResponse> Session::Capacity(
     kv1::CapacityRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_capacity() = std::move(request);
@@ -356,7 +356,7 @@ absl::StatusOr<kv1::CapacityResponse> Session::Capacity(
 }
 
 absl::Status Session::ProcessEvents() {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (closed_) return absl::CancelledError("session is closed");
   while (true) {
     pollfd p = {channel_.fd(), POLLIN, 0};
@@ -372,12 +372,12 @@ absl::Status Session::ProcessEvents() {
 
 void Session::SetRevocationCallback(
     std::function<void(absl::Span<const int64_t>)> cb) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   on_revoke_ = std::move(cb);
 }
 
 absl::Status Session::Close(bool release) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (closed_ && mappers_.empty()) return absl::OkStatus();
   absl::Status status;
   if (!closed_) {

@@ -46,11 +46,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "attach/frame.h"
 #include "engine/mapper.h"
+#include "engine/session_mutex.h"
 #include "proto/kvbroker/v1/attach.pb.h"
 
 namespace kvbroker::engine {
@@ -188,7 +188,7 @@ class Session {
   // Written once by Attach (under mu_), then read without it.
   attach::v1::PoolLayout layout_;
 
-  mutable absl::Mutex mu_;
+  mutable SessionMutex mu_;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
