@@ -507,11 +507,11 @@ TEST_F(CliTest, SessionsListsAttachedEngines) {
   EXPECT_EQ(f[1], "cli-rank0");
   EXPECT_EQ(f[2], absl::StrCat(getpid()));
   EXPECT_EQ(f[3], "enginepool");
-  EXPECT_EQ(f[4], "0");   // mapped pages
-  EXPECT_EQ(f[5], "3");   // blocks
-  EXPECT_EQ(f[6], "0");   // pending revocations
-  EXPECT_EQ(f[7], "0");   // quarantined pages
-  EXPECT_EQ(f[9], "2m");  // the grace it chose
+  EXPECT_EQ(f[4], absl::StrCat((*s)->mapped_pages()));  // as the engine
+  EXPECT_EQ(f[5], "3");                                 // blocks
+  EXPECT_EQ(f[6], "0");                                 // pending revocations
+  EXPECT_EQ(f[7], "0");                                 // quarantined pages
+  EXPECT_EQ(f[9], "2m");                                // the grace it chose
 
   r = Ctl({"--json", "sessions", "enginepool"});
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -521,6 +521,7 @@ TEST_F(CliTest, SessionsListsAttachedEngines) {
   EXPECT_EQ(json.sessions(0).pool(), "enginepool");
   EXPECT_EQ(json.sessions(0).blocks(), 3);
   EXPECT_EQ(json.sessions(0).pid(), getpid());
+  EXPECT_EQ(json.sessions(0).mapped_pages(), (*s)->mapped_pages());
   EXPECT_EQ(json.sessions(0).reattach_grace().seconds(), 120);
 
   r = Ctl({"--json", "sessions", "nope"});

@@ -181,7 +181,8 @@ TEST_P(SessionsTest, ListsEveryEngineAndHolderInGraceExactly) {
   EXPECT_EQ(ra.pid(), getpid());
   EXPECT_EQ(ra.pool(), "mine");
   EXPECT_EQ(ra.blocks(), 10);
-  EXPECT_EQ(ra.mapped_pages(), 0);
+  // The pages the daemon sent this engine are the ones it mapped.
+  EXPECT_EQ(ra.mapped_pages(), a->mapped_pages());
   EXPECT_EQ(ra.pending_revocations(), 0);
   EXPECT_EQ(ra.quarantined_pages(), 0);
   EXPECT_EQ(ra.reattach_grace().seconds(), 0);
@@ -245,7 +246,8 @@ TEST_P(SessionsTest, MetricsCountEnginesPerPoolAndPerSession) {
       absl::StrCat("{pool=\"mine\",holder=\"rank-a\",session=\"",
                    a->hello().session_id(), "\"}");
   EXPECT_EQ(Sample(text, "kvbroker_engine_blocks" + session_a), "5");
-  EXPECT_EQ(Sample(text, "kvbroker_engine_mapped_pages" + session_a), "0");
+  EXPECT_EQ(Sample(text, "kvbroker_engine_mapped_pages" + session_a),
+            absl::StrCat(a->mapped_pages()));
   EXPECT_EQ(Sample(text, "kvbroker_engine_pending_revocations" + session_a),
             "0");
   EXPECT_EQ(Sample(text, "kvbroker_engine_quarantined_pages" + session_a), "0");
