@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -127,9 +129,13 @@ class AttachServer::Session {
   // Whether the engine asked for its blocks to go now (SessionEnd.release).
   bool release_on_end() const { return release_on_end_; }
   absl::Duration grace() const { return grace_; }
+  absl::Time attached_since() const { return attached_since_; }
 
  private:
   void Run();
+  // Answers the engine's SessionEnd (when it asked with a seq) once
+  // Finished has freed or parked the holder's blocks; `outcome` says which.
+  void ConfirmEnd(const std::string& outcome);
   // Answers one frame; false when the session ends.
   bool Handle(ReceivedFrame received);
   void Reply(uint64_t seq, absl::StatusOr<v1::Frame> reply);
@@ -155,15 +161,23 @@ class AttachServer::Session {
   absl::Status CheckPool(absl::string_view pool) const;
   // Allocates through the pool and records the blocks as the holder's.
   absl::StatusOr<kv1::AllocResponse> AllocForHolder(AllocRequest alloc);
+  // Takes `ids` out of the holder's set if it owns each exactly once;
+  // otherwise changes nothing and refuses (INVALID_ARGUMENT for a repeat,
+  // BLOCK_NOT_ALLOCATED for one it does not own).
+  static absl::Status TakeOwned(Holder& h, absl::Span<const int64_t> ids,
+                                const std::string& holder);
+  // Remembers a Free's request id (bounded) so that its retry reaches the
+  // pool's replay.
+  static void RememberFree(Holder& h, const std::string& request_id);
 
   AttachServer* const server_;
   const uint64_t id_;
   FrameChannel channel_;
   std::thread thread_;
 
-  // Session state, touched only by the session's thread (holder_, pid_ and
-  // pool_name_ are also read by Sessions(), after being written under the
-  // server's lock).
+  // Session state, touched only by the session's thread (holder_, pid_,
+  // grace_ and pool_name_ are also read by Sessions(), after being written
+  // under the server's lock).
   bool greeted_ = false;
   std::string holder_;
   int64_t pid_ = 0;
@@ -177,6 +191,11 @@ class AttachServer::Session {
   // Frames the daemon starts; registered with pool_ while attached.
   Outbox outbox_;
   bool subscribed_ = false;
+  // When Hello was accepted; written under the server's lock.
+  absl::Time attached_since_;
+  // The seq of the engine's SessionEnd; 0 when it sent none or sent it
+  // without a seq (then it is not answered).
+  uint64_t end_seq_ = 0;
 };
 
 void AttachServer::Session::Run() {
@@ -209,7 +228,15 @@ void AttachServer::Session::Run() {
     if (!Handle(*std::move(got))) break;
   }
   UnsubscribeFromPages();
-  server_->Finished(this);
+  ConfirmEnd(server_->Finished(this));
+}
+
+void AttachServer::Session::ConfirmEnd(const std::string& outcome) {
+  if (end_seq_ == 0) return;
+  v1::Frame end;
+  end.set_seq(end_seq_);
+  end.mutable_session_end()->set_message(outcome);
+  channel_.Send(end).IgnoreError();
 }
 
 void AttachServer::Session::Reply(uint64_t seq,
@@ -253,6 +280,7 @@ bool AttachServer::Session::Handle(ReceivedFrame received) {
     case v1::Frame::kRevokeAck: OnRevokeAck(seq, f.revoke_ack()); return true;
     case v1::Frame::kSessionEnd:
       release_on_end_ = f.session_end().release();
+      end_seq_ = seq;
       return false;
     default:
       Reply(seq,
@@ -314,8 +342,9 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnHello(
     }
     holder_ = hello.holder();
     pid_ = hello.pid();
+    attached_since_ = absl::Now();
+    grace_ = grace;
   }
-  grace_ = grace;
   greeted_ = true;
   v1::Frame out;
   v1::HelloReply* r = out.mutable_hello_reply();
@@ -388,8 +417,7 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnAttach(
       FreeAll(holder_, h);
     }
     h.pool = *pool;
-    std::vector<int64_t> held(h.blocks.begin(), h.blocks.end());
-    std::sort(held.begin(), held.end());
+    const std::vector<int64_t> held = h.blocks.Sorted();
     for (int64_t b : held) {
       const int64_t page = g.page_of(b);
       if (reply->held_size() == 0 ||
@@ -498,7 +526,7 @@ void AttachServer::Session::OnRevokeAck(uint64_t seq,
 }
 
 void AttachServer::Session::FillPageInfo(SessionInfo* info) const {
-  info->pages_sent = outbox_.pages_sent();
+  info->mapped_pages = outbox_.pages_sent() - outbox_.pages_revoked();
   if (pool_ == nullptr) return;
   info->pending_revocations = pool_->pending_revocations(&outbox_);
   info->quarantined_pages = pool_->quarantined_pages(&outbox_);
@@ -539,6 +567,41 @@ absl::StatusOr<kv1::AllocResponse> AttachServer::Session::AllocForHolder(
   return response;
 }
 
+absl::Status AttachServer::Session::TakeOwned(Holder& h,
+                                              absl::Span<const int64_t> ids,
+                                              const std::string& holder) {
+  // Each id is taken out as it is checked, so a repeat finds itself gone;
+  // on a refusal the ones taken go back and nothing changed.
+  size_t taken = 0;
+  while (taken < ids.size() && h.blocks.erase(ids[taken])) ++taken;
+  if (taken == ids.size()) return absl::OkStatus();
+  const int64_t b = ids[taken];
+  const bool repeated =
+      std::find(ids.begin(), ids.begin() + taken, b) != ids.begin() + taken;
+  h.blocks.insert(ids.begin(), ids.begin() + taken);
+  // Foreign blocks are refused here, as the pool would refuse a block that
+  // is not allocated at all.
+  if (repeated) {
+    return InvalidField("block_ids", absl::StrCat("block ", b, " repeated"));
+  }
+  return MakeFailure(FailureReason::kBlockNotAllocated,
+                     absl::StrCat("block ", b, " is not allocated to holder ",
+                                  holder, "; nothing was freed"),
+                     {{"block_id", Num(b)}, {"holder", holder}});
+}
+
+void AttachServer::Session::RememberFree(Holder& h,
+                                         const std::string& request_id) {
+  if (request_id.empty() || !h.free_request_set.insert(request_id).second) {
+    return;
+  }
+  h.free_request_ids.push_back(request_id);
+  if (h.free_request_ids.size() > kRememberedFrees) {
+    h.free_request_set.erase(h.free_request_ids.front());
+    h.free_request_ids.pop_front();
+  }
+}
+
 absl::StatusOr<v1::Frame> AttachServer::Session::OnAlloc(
     const kv1::AllocRequest& request) {
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
@@ -571,50 +634,38 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnFree(
   }
   KVB_RETURN_IF_ERROR(CheckId("request_id", request.request_id()));
   const std::string request_id = HolderRequestId(holder_, request.request_id());
-  std::vector<int64_t> ids(request.block_ids().begin(),
-                           request.block_ids().end());
+  const absl::Span<const int64_t> ids(request.block_ids().data(),
+                                      request.block_ids().size());
+  // Whether the ids were taken out of the holder's set here (a retry's are
+  // not: they may be gone already); they go back if the pool refuses.
+  bool taken = false;
   {
     absl::MutexLock lock(&server_->mu_);
     Holder& h = server_->holders_[holder_];
     const bool retry =
-        !request_id.empty() &&
-        std::find(h.free_request_ids.begin(), h.free_request_ids.end(),
-                  request_id) != h.free_request_ids.end();
+        !request_id.empty() && h.free_request_set.contains(request_id);
     if (!retry) {
-      absl::flat_hash_set<int64_t> seen;
-      for (int64_t b : ids) {
-        if (!h.blocks.contains(b) || !seen.insert(b).second) {
-          // Repeats and foreign blocks are refused here, as the pool would
-          // refuse a block that is not allocated at all.
-          if (seen.contains(b) && h.blocks.contains(b)) {
-            return InvalidField("block_ids",
-                                absl::StrCat("block ", b, " repeated"));
-          }
-          return MakeFailure(
-              FailureReason::kBlockNotAllocated,
-              absl::StrCat("block ", b, " is not allocated to holder ", holder_,
-                           "; nothing was freed"),
-              {{"block_id", Num(b)}, {"holder", holder_}});
-        }
-      }
+      KVB_RETURN_IF_ERROR(TakeOwned(h, ids, holder_));
+      taken = true;
     }
   }
   FreeRequest free;
   free.block_ids = ids;
   free.request_id = request_id;
   absl::StatusOr<FreeResult> result = pool_->Free(free);
-  if (!result.ok()) return result.status();
-  if (!result->replayed) {
+  {
     absl::MutexLock lock(&server_->mu_);
     Holder& h = server_->holders_[holder_];
-    for (int64_t b : ids) h.blocks.erase(b);
-    if (!request_id.empty()) {
-      h.free_request_ids.push_back(request_id);
-      if (h.free_request_ids.size() > kRememberedFrees) {
-        h.free_request_ids.pop_front();
+    if (!result.ok() || result->replayed) {
+      if (taken) h.blocks.insert(ids.begin(), ids.end());
+    } else {
+      if (!taken) {
+        for (int64_t b : ids) h.blocks.erase(b);
       }
+      RememberFree(h, request_id);
     }
   }
+  if (!result.ok()) return result.status();
   v1::Frame out;
   ToProto(*result, out.mutable_free_reply());
   return out;
@@ -726,7 +777,7 @@ void AttachServer::AcceptLoop() {
 
 void AttachServer::FreeAll(const std::string& name, Holder& h) {
   if (h.pool != nullptr && !h.blocks.empty()) {
-    std::vector<BlockId> ids(h.blocks.begin(), h.blocks.end());
+    const std::vector<BlockId> ids = h.blocks.Sorted();
     FreeRequest free;
     free.block_ids = ids;
     absl::StatusOr<FreeResult> r = h.pool->Free(free);
@@ -737,28 +788,40 @@ void AttachServer::FreeAll(const std::string& name, Holder& h) {
   }
   h.blocks.clear();
   h.free_request_ids.clear();
+  h.free_request_set.clear();
   h.pool = nullptr;
 }
 
-void AttachServer::Finished(Session* session) {
+std::string AttachServer::Finished(Session* session) {
   absl::MutexLock lock(&mu_);
+  std::string outcome = "session ended";
   if (!session->holder().empty()) {
     auto it = holders_.find(session->holder());
     if (it != holders_.end() && it->second.session == session) {
       Holder& h = it->second;
       h.session = nullptr;
+      const size_t blocks = h.blocks.size();
       if (session->release_on_end() ||
           session->grace() <= absl::ZeroDuration() || stopping_ ||
           h.blocks.empty()) {
         FreeAll(it->first, h);
         holders_.erase(it);
+        outcome = absl::StrCat("holder ", session->holder(), ": ", blocks,
+                               " blocks freed");
       } else {
         h.grace_ends = absl::Now() + session->grace();
+        h.pid = session->pid();
+        h.attached_since = session->attached_since();
+        h.grace = session->grace();
+        outcome = absl::StrCat("holder ", session->holder(), ": ", blocks,
+                               " blocks kept for ",
+                               absl::FormatDuration(session->grace()));
       }
     }
   }
   auto node = sessions_.extract(session->id());
   if (!node.empty()) finished_.push_back(std::move(node.mapped()));
+  return outcome;
 }
 
 void AttachServer::ReapExpired() {
@@ -807,22 +870,56 @@ void AttachServer::Stop() {
   unlink(options_.socket_path.c_str());
 }
 
+SessionInfo AttachServer::InfoOf(const Session& s) const {
+  SessionInfo info;
+  info.session_id = s.id();
+  info.holder = s.holder();
+  info.pid = s.pid();
+  info.pool = s.pool_name();
+  s.FillPageInfo(&info);
+  info.attached_since = s.attached_since();
+  info.reattach_grace = s.grace();
+  auto it = holders_.find(s.holder());
+  if (it != holders_.end() && it->second.session == &s) {
+    info.blocks = static_cast<int64_t>(it->second.blocks.size());
+  }
+  return info;
+}
+
 std::vector<SessionInfo> AttachServer::Sessions() const {
   absl::MutexLock lock(&mu_);
   std::vector<SessionInfo> out;
-  for (const auto& [id, s] : sessions_) {
-    SessionInfo info;
-    info.session_id = id;
-    info.holder = s->holder();
-    info.pid = s->pid();
-    info.pool = s->pool_name();
-    s->FillPageInfo(&info);
-    auto it = holders_.find(s->holder());
-    if (it != holders_.end()) {
-      info.blocks = static_cast<int64_t>(it->second.blocks.size());
+  for (const auto& [id, s] : sessions_) out.push_back(InfoOf(*s));
+  return out;
+}
+
+std::vector<SessionInfo> AttachServer::ListSessions() const {
+  std::vector<SessionInfo> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : sessions_) {
+      if (s->holder().empty()) continue;  // no Hello yet
+      out.push_back(InfoOf(*s));
     }
-    out.push_back(std::move(info));
+    for (const auto& [name, h] : holders_) {
+      if (h.session != nullptr) continue;
+      SessionInfo info;
+      info.holder = name;
+      info.pid = h.pid;
+      info.pool = h.pool != nullptr ? h.pool->name() : "";
+      info.blocks = static_cast<int64_t>(h.blocks.size());
+      info.attached_since = h.attached_since;
+      info.reattach_grace = h.grace;
+      info.in_grace = true;
+      info.grace_ends = h.grace_ends;
+      out.push_back(std::move(info));
+    }
   }
+  std::sort(out.begin(), out.end(),
+            [](const SessionInfo& a, const SessionInfo& b) {
+              return std::tie(a.pool, a.holder, a.session_id) <
+                     std::tie(b.pool, b.holder, b.session_id);
+            });
   return out;
 }
 

@@ -23,6 +23,11 @@
 // name (HelloReply.reattached), or freed when the grace runs out. A holder
 // has at most one live session (HOLDER_BUSY).
 //
+// Ending: an engine's SessionEnd that carries a seq is answered with a
+// SessionEnd of the same seq once the holder's blocks have been freed or
+// parked, so an engine that waits for it can reattach at once under the
+// same holder name without meeting its own old session (HOLDER_BUSY).
+//
 // Listener: an existing socket file is replaced only when nobody answers on
 // it; a live server on the path is never taken over (FAILED_PRECONDITION
 // naming its pid). The socket file is removed on Stop.
@@ -47,6 +52,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "allocator/broker.h"
+#include "attach/block_set.h"
+#include "attach/session_directory.h"
 #include "attach/unique_fd.h"
 #include "server/access.h"
 
@@ -71,21 +78,6 @@ inline constexpr int64_t kMaxSessionPageList = 1024;  // Capacity.max_pages
 inline constexpr size_t kMaxHolderLength = 128;
 inline constexpr size_t kMaxIdLength = 128;  // request and reservation ids
 
-// One line of `kvbrokerctl sessions`.
-struct SessionInfo {
-  uint64_t session_id = 0;
-  std::string holder;
-  int64_t pid = 0;
-  std::string pool;  // empty until attached
-  int64_t blocks = 0;
-  // Page delivery (attach/outbox.h): pages sent in PagesMapped frames,
-  // revocations the engine has yet to acknowledge, and their pages past
-  // the deadline (QUARANTINED because of this session).
-  int64_t pages_sent = 0;
-  int64_t pending_revocations = 0;
-  int64_t quarantined_pages = 0;
-};
-
 // What a holder left behind, for tests and operators.
 struct HolderInfo {
   std::string holder;
@@ -94,7 +86,7 @@ struct HolderInfo {
   bool live = false;  // has a session now; else waiting out its grace
 };
 
-class AttachServer {
+class AttachServer final : public SessionDirectory {
  public:
   // Binds and starts accepting. UNAVAILABLE when the socket cannot be bound;
   // FAILED_PRECONDITION when a live server holds the path.
@@ -111,7 +103,12 @@ class AttachServer {
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& socket_path() const { return options_.socket_path; }
+  // The live sessions, by session id.
   std::vector<SessionInfo> Sessions() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The live sessions and the holders in grace (SessionDirectory), for
+  // ListSessions, metrics and `kvbrokerctl sessions`.
+  std::vector<SessionInfo> ListSessions() const override
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<HolderInfo> Holders() const ABSL_LOCKS_EXCLUDED(mu_);
   // Frees the blocks of holders whose grace has passed (the accept thread
   // calls it every reap_interval).
@@ -124,21 +121,29 @@ class AttachServer {
   // A holder's blocks, which outlive its sessions for the grace.
   struct Holder {
     std::shared_ptr<PagePool> pool;
-    absl::flat_hash_set<int64_t> blocks;
+    BlockSet blocks;
     // Request ids of recent Frees (bounded), whose blocks may be gone from
     // `blocks`: a retry goes to the pool for its replay.
-    std::deque<std::string> free_request_ids;
+    std::deque<std::string> free_request_ids;           // oldest first
+    absl::flat_hash_set<std::string> free_request_set;  // the same ids
     Session* session = nullptr;  // the live session; null while in grace
     absl::Time grace_ends;
+    // Of the last session (for operators while in grace).
+    int64_t pid = 0;
+    absl::Time attached_since;
+    absl::Duration grace;
   };
+  // The live session `s` as operators see it.
+  SessionInfo InfoOf(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   AttachServer(Broker* broker, AttachServerOptions options, UniqueFd listener,
                UniqueFd wake);
   void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Frees `h`'s blocks in its pool (logging a failure) and forgets them.
   static void FreeAll(const std::string& name, Holder& h);
-  // Called by a session's thread when it ends.
-  void Finished(Session* session) ABSL_LOCKS_EXCLUDED(mu_);
+  // Called by a session's thread when it ends: frees or parks the holder's
+  // blocks; returns what became of them, for the engine's SessionEnd reply.
+  std::string Finished(Session* session) ABSL_LOCKS_EXCLUDED(mu_);
 
   Broker* const broker_;
   const AttachServerOptions options_;

@@ -335,6 +335,34 @@ TEST_F(AttachServerTest, ReattachWithinGraceKeepsTheBlocks) {
   Eventually([&] { return Allocated() == 0 && server_->Holders().empty(); });
 }
 
+// Close waits for the daemon's SessionEnd reply, which comes after the
+// holder's blocks were parked or freed: the very next Hello under the same
+// name is admitted, many times over, and no Eventually is needed.
+TEST_F(AttachServerTest, CloseThenReattachAtOnceIsNeverHolderBusy) {
+  StartServer();
+  auto a = Attached("engine-a", absl::Hours(1));
+  ASSERT_TRUE(a->Alloc(5).ok());
+  for (int round = 0; round < 50; ++round) {
+    ASSERT_TRUE(a->Close(/*release=*/false).ok()) << "round " << round;
+    auto holders = server_->Holders();
+    ASSERT_EQ(holders.size(), 1u);
+    EXPECT_FALSE(holders[0].live);
+    EXPECT_EQ(holders[0].blocks, 5);
+    auto again = Connect("engine-a", absl::Hours(1));
+    ASSERT_TRUE(again.ok()) << "round " << round << ": " << again.status();
+    EXPECT_TRUE((*again)->hello().reattached());
+    AttachOptions o;
+    o.pool = "kv";
+    ASSERT_TRUE((*again)->Attach(o).ok());
+    a = *std::move(again);
+  }
+  EXPECT_EQ(Allocated(), 5);
+  // With release, the blocks are free by the time Close returns.
+  ASSERT_TRUE(a->Close(/*release=*/true).ok());
+  EXPECT_EQ(Allocated(), 0);
+  EXPECT_TRUE(server_->Holders().empty());
+}
+
 TEST_F(AttachServerTest, GraceRunsOut) {
   StartServer();
   auto a = Attached("engine-a", absl::Milliseconds(20));

@@ -102,6 +102,9 @@ absl::Status Outbox::Drain(FrameChannel& channel) {
     if (next.frame.has_pages_mapped()) {
       absl::MutexLock lock(&mu_);
       pages_sent_ += next.frame.pages_mapped().page_ids_size();
+    } else if (next.frame.has_revoke()) {
+      absl::MutexLock lock(&mu_);
+      pages_revoked_ += next.frame.revoke().page_ids_size();
     }
   }
 }
@@ -114,6 +117,11 @@ bool Outbox::broken() const {
 int64_t Outbox::pages_sent() const {
   absl::MutexLock lock(&mu_);
   return pages_sent_;
+}
+
+int64_t Outbox::pages_revoked() const {
+  absl::MutexLock lock(&mu_);
+  return pages_revoked_;
 }
 
 }  // namespace kvbroker::attach

@@ -71,6 +71,8 @@ class Outbox : public PageListener {
   bool broken() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages sent in PagesMapped frames so far.
   int64_t pages_sent() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Pages named in Revoke frames sent so far.
+  int64_t pages_revoked() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Outgoing {
@@ -90,6 +92,7 @@ class Outbox : public PageListener {
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   int64_t pages_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pages_revoked_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvbroker::attach

@@ -9,9 +9,15 @@
 // call maps or unmaps. Phases alternate in rounds; the table reports the
 // median over rounds of each phase's mean and the ratios.
 // Targets: session <= 1.3 x bare, session <= 0.25 x gRPC.
+//
+// On a loaded machine the wall-clock ratios say little; the work per pair
+// does not depend on load: `perf stat -e instructions:u -- attach_bench
+// --phases=session --calls=N` for two values of N, the difference divided
+// by the extra pairs, counts the user-space instructions of one session
+// pair, engine and daemon together.
 
-#include <grpcpp/grpcpp.h>
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -27,6 +33,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attach/frame.h"
@@ -38,6 +45,12 @@ ABSL_FLAG(int, calls, 2000, "pairs per phase per round");
 ABSL_FLAG(int, rounds, 7, "rounds");
 ABSL_FLAG(std::string, kvbrokerd, "server/kvbrokerd", "the daemon binary");
 ABSL_FLAG(int, echo_fd, -1, "internal: serve as the echo peer on this fd");
+ABSL_FLAG(std::vector<std::string>, blocks,
+          std::vector<std::string>({"16", "256"}),
+          "Alloc sizes, each its own row");
+ABSL_FLAG(std::string, phases, "session,bare,grpc",
+          "phases to run; a CPU profile of one phase (perf stat over two "
+          "--calls counts) takes it alone");
 
 extern char** environ;
 
@@ -169,25 +182,31 @@ int Run() {
   std::string buf(1 << 17, 'q');
   std::printf("%-22s %12s %12s %12s %10s %10s\n", "pair", "session us",
               "2 bare rt us", "gRPC us", "vs bare", "vs gRPC");
-  for (int64_t n : {16, 256}) {
+  const std::string phases = absl::GetFlag(FLAGS_phases);
+  const bool run_session = absl::StrContains(phases, "session");
+  const bool run_bare = absl::StrContains(phases, "bare");
+  const bool run_grpc = absl::StrContains(phases, "grpc");
+  for (const std::string& size : absl::GetFlag(FLAGS_blocks)) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(size, &n) || n <= 0) Die("--blocks: " + size);
     const Sizes z = FrameSizes(**session, n);
     std::vector<double> ses, bare, rpc;
     for (int r = 0; r < rounds; ++r) {
       absl::Time t0 = absl::Now();
-      for (int i = 0; i < calls; ++i) {
+      for (int i = 0; run_session && i < calls; ++i) {
         auto ids = (*session)->Alloc(n);
         if (!ids.ok()) Die(ids.status().ToString());
         if (!(*session)->Free(*ids).ok()) Die("session free");
       }
       ses.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) / calls);
       t0 = absl::Now();
-      for (int i = 0; i < calls; ++i) {
+      for (int i = 0; run_bare && i < calls; ++i) {
         RoundTrip(pair[0], z.alloc_request, z.alloc_reply, buf);
         RoundTrip(pair[0], z.free_request, z.free_reply, buf);
       }
       bare.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) / calls);
       t0 = absl::Now();
-      const int rpc_calls = std::max(1, calls / 4);
+      const int rpc_calls = run_grpc ? std::max(1, calls / 4) : 0;
       for (int i = 0; i < rpc_calls; ++i) {
         grpc::ClientContext ac;
         v1::AllocRequest areq;
@@ -205,7 +224,8 @@ int Run() {
         v1::FreeResponse frep;
         if (!stub->Free(&fc, freq, &frep).ok()) Die("grpc free");
       }
-      rpc.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) / rpc_calls);
+      rpc.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) /
+                    std::max(1, rpc_calls));
     }
     const double s = Median(ses), b = Median(bare), g = Median(rpc);
     std::printf("%-22s %12.2f %12.2f %12.2f %9.2fx %9.2fx\n",

@@ -577,6 +577,47 @@ int CmdHealth(Context& ctx) {
              : kExitUnavailable;
 }
 
+// A duration for a table: whole seconds, e.g. "1h2m3s", "0s".
+std::string Seconds(absl::Duration d) {
+  return absl::FormatDuration(absl::Trunc(d, absl::Seconds(1)));
+}
+
+int CmdSessions(Context& ctx) {
+  absl::StatusOr<std::vector<v1::EngineSession>> sessions =
+      ctx.client->ListSessions(ctx.args.empty() ? "" : ctx.args[0]);
+  if (!sessions.ok()) return Fail(sessions.status(), ctx.json);
+  if (ctx.json) {
+    v1::ListSessionsResponse r;
+    for (v1::EngineSession& s : *sessions) *r.add_sessions() = std::move(s);
+    PrintJson(r);
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat(
+      "%-8s %-24s %8s %-16s %6s %7s %8s %11s %9s  %s\n", "SESSION", "HOLDER",
+      "PID", "POOL", "PAGES", "BLOCKS", "REVOKING", "QUARANTINED", "SINCE",
+      "GRACE");
+  const absl::Time now = absl::Now();
+  for (const v1::EngineSession& s : *sessions) {
+    const absl::Time since =
+        absl::FromUnixSeconds(s.attached_since().seconds());
+    const absl::Duration grace = absl::Seconds(s.reattach_grace().seconds());
+    std::string grace_text = Seconds(grace);
+    if (s.in_grace()) {
+      grace_text = absl::StrCat(
+          "in grace, ",
+          Seconds(absl::FromUnixSeconds(s.grace_ends().seconds()) - now),
+          " left");
+    }
+    std::cout << absl::StrFormat(
+        "%-8s %-24s %8d %-16s %6d %7d %8d %11d %9s  %s\n",
+        s.session_id() == 0 ? "-" : absl::StrCat(s.session_id()), s.holder(),
+        s.pid(), s.pool().empty() ? "-" : s.pool(), s.mapped_pages(),
+        s.blocks(), s.pending_revocations(), s.quarantined_pages(),
+        Seconds(now - since), grace_text);
+  }
+  return kExitOk;
+}
+
 int CmdTop(Context& ctx) {
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
@@ -668,6 +709,13 @@ const std::vector<Command>& Commands() {
        1,
        {},
        CmdHealth},
+      {"sessions",
+       "[POOL]",
+       "engines attached on the attach socket",
+       0,
+       1,
+       {},
+       CmdSessions},
       {"top",
        "",
        "live view of every pool (q quits)",

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "engine/session.h"
 #include "gtest/gtest.h"
 #include "proto/google/rpc/error_details.pb.h"
 #include "proto/google/rpc/status.pb.h"
@@ -99,11 +100,13 @@ class CliTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(dir), nullptr);
     prefix_ = absl::StrCat(dir, "/");
     socket_ = prefix_ + "kvbrokerd.sock";
+    attach_socket_ = prefix_ + "attach.sock";
     unlink(socket_.c_str());
     const std::string tmp = TmpDir();
     daemon_ = Spawn({"server/kvbrokerd", "--backend=host",
                      "--listen=", "--unix_socket=" + socket_,
-                     "--min_idle_pages=0", "--max_idle_pages=0"},
+                     "--attach_socket=" + attach_socket_, "--min_idle_pages=0",
+                     "--max_idle_pages=0"},
                     tmp + "/kvbrokerd.out", tmp + "/kvbrokerd.log");
   }
   static void TearDownTestSuite() {
@@ -159,11 +162,13 @@ class CliTest : public ::testing::Test {
 
   static std::string prefix_;
   static std::string socket_;
+  static std::string attach_socket_;
   static pid_t daemon_;
 };
 
 std::string CliTest::prefix_;
 std::string CliTest::socket_;
+std::string CliTest::attach_socket_;
 pid_t CliTest::daemon_ = -1;
 
 TEST_F(CliTest, SeedCase) {
@@ -438,6 +443,8 @@ TEST_F(CliTest, TopInTmux) {
     return absl::StrContains(s, "topdemo") &&
            absl::StrContains(s, "available 2  allocated 1");
   })) << screen();
+  EXPECT_TRUE(absl::StrContains(screen(), "engines 0 sessions  0 in grace"))
+      << screen();
   EXPECT_TRUE(absl::StrContains(screen(), "page 14MiB  block 6MiB"));
   EXPECT_TRUE(absl::StrContains(screen(), "open 1")) << screen();
 
@@ -467,6 +474,69 @@ TEST_F(CliTest, TopInTmux) {
   EXPECT_TRUE(Eventually([&] { return !ReadAll(rc_file).empty(); }))
       << "top did not exit on q: " << screen();
   EXPECT_EQ(ReadAll(rc_file), "0\n");
+}
+
+// `sessions` lists an engine attached on the daemon's attach socket with
+// its exact numbers, in text and in JSON; `top` counts it under its pool.
+TEST_F(CliTest, SessionsListsAttachedEngines) {
+  ASSERT_EQ(Ctl({"create-pool", "enginepool", "--page_size=2MiB",
+                 "--block_bytes=512KiB", "--max_blocks=16"})
+                .rc,
+            0);
+  engine::ConnectOptions c;
+  c.socket_path = attach_socket_;
+  c.holder = "cli-rank0";
+  c.reattach_grace = absl::Minutes(2);
+  absl::StatusOr<std::unique_ptr<engine::Session>> s =
+      engine::Session::Connect(c);
+  ASSERT_TRUE(s.ok()) << s.status();
+  engine::AttachOptions a;
+  a.pool = "enginepool";
+  ASSERT_TRUE((*s)->Attach(a).ok());
+  ASSERT_TRUE((*s)->Alloc(3).ok());
+
+  Result r = Ctl({"sessions"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::vector<std::string> lines =
+      absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_TRUE(absl::StartsWith(lines[0], "SESSION ")) << lines[0];
+  std::vector<std::string> f = absl::StrSplit(lines[1], ' ', absl::SkipEmpty());
+  ASSERT_EQ(f.size(), 10u) << lines[1];
+  EXPECT_EQ(f[0], absl::StrCat((*s)->hello().session_id()));
+  EXPECT_EQ(f[1], "cli-rank0");
+  EXPECT_EQ(f[2], absl::StrCat(getpid()));
+  EXPECT_EQ(f[3], "enginepool");
+  EXPECT_EQ(f[4], absl::StrCat((*s)->mapped_pages()));  // as the engine
+  EXPECT_EQ(f[5], "3");                                 // blocks
+  EXPECT_EQ(f[6], "0");                                 // pending revocations
+  EXPECT_EQ(f[7], "0");                                 // quarantined pages
+  EXPECT_EQ(f[9], "2m");                                // the grace it chose
+
+  r = Ctl({"--json", "sessions", "enginepool"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto json = FromJson<v1::ListSessionsResponse>(r.out);
+  ASSERT_EQ(json.sessions_size(), 1) << r.out;
+  EXPECT_EQ(json.sessions(0).holder(), "cli-rank0");
+  EXPECT_EQ(json.sessions(0).pool(), "enginepool");
+  EXPECT_EQ(json.sessions(0).blocks(), 3);
+  EXPECT_EQ(json.sessions(0).pid(), getpid());
+  EXPECT_EQ(json.sessions(0).mapped_pages(), (*s)->mapped_pages());
+  EXPECT_EQ(json.sessions(0).reattach_grace().seconds(), 120);
+
+  r = Ctl({"--json", "sessions", "nope"});
+  EXPECT_EQ(r.rc, 3);
+  EXPECT_EQ(ReasonOf(r.err), "POOL_NOT_FOUND") << r.err;
+  EXPECT_EQ(Ctl({"sessions", "a", "b"}).rc, 2);
+
+  // Ended with release: gone, and its blocks with it.
+  ASSERT_TRUE((*s)->Close(/*release=*/true).ok());
+  r = Ctl({"--json", "sessions"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(FromJson<v1::ListSessionsResponse>(r.out).sessions_size(), 0);
+  r = Ctl({"sessions"});
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;  // header only
+  ASSERT_EQ(Ctl({"delete-pool", "enginepool"}).rc, 0);
 }
 
 // kvbrokerd with mutual TLS on TCP and bearer tokens scoped to pools

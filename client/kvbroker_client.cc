@@ -418,6 +418,20 @@ absl::StatusOr<std::vector<v1::PageOccupancy>> KvBrokerClient::GetPageOccupancy(
   return std::vector<v1::PageOccupancy>(r->pages().begin(), r->pages().end());
 }
 
+absl::StatusOr<std::vector<v1::EngineSession>> KvBrokerClient::ListSessions(
+    absl::string_view pool, const CallOptions& call) {
+  v1::ListSessionsRequest request;
+  request.set_pool(std::string(pool));
+  absl::StatusOr<v1::ListSessionsResponse> r = Call<v1::ListSessionsResponse>(
+      call, Idempotency::kRetryable,
+      [&](grpc::ClientContext* ctx, v1::ListSessionsResponse* resp) {
+        return stub_->ListSessions(ctx, request, resp);
+      });
+  if (!r.ok()) return r.status();
+  return std::vector<v1::EngineSession>(r->sessions().begin(),
+                                        r->sessions().end());
+}
+
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>
 KvBrokerClient::Health(absl::string_view service, const CallOptions& call) {
   grpc::health::v1::HealthCheckRequest request;

@@ -34,15 +34,15 @@
 // is either the transport's own (no kvbroker reason) or MAPPING_FAILED (a
 // driver error that was rolled back). Capacity refusals (POOL_EXHAUSTED,
 // GPU_MEMORY_EXHAUSTED, ...) and every other kvbroker reason are returned at
-// once. Idempotent calls: GetPool, ListPools, Capacity, GetPageOccupancy
-// (read-only); SetMemoryLimit (its revision makes a replay harmless); Alloc,
-// Reserve and Free, because they always carry a request_id: the caller's, or
-// a random 128-bit hex id generated once per call and sent unchanged on every
-// attempt, so the daemon replays the first outcome instead of allocating
-// twice. CreatePool, DeletePool, ReleaseReservation and Trim are sent once.
-// Attempts are bounded by RetryPolicy::max_attempts and by the deadline; the
-// wait between attempts grows exponentially with random jitter, and is at
-// least the server's RetryInfo delay when it sent one.
+// once. Idempotent calls: GetPool, ListPools, Capacity, GetPageOccupancy,
+// ListSessions (read-only); SetMemoryLimit (its revision makes a replay
+// harmless); Alloc, Reserve and Free, because they always carry a request_id:
+// the caller's, or a random 128-bit hex id generated once per call and sent
+// unchanged on every attempt, so the daemon replays the first outcome instead
+// of allocating twice. CreatePool, DeletePool, ReleaseReservation and Trim are
+// sent once. Attempts are bounded by RetryPolicy::max_attempts and by the
+// deadline; the wait between attempts grows exponentially with random jitter,
+// and is at least the server's RetryInfo delay when it sent one.
 //
 // Authentication. With TlsOptions set the channel uses
 // grpc::SslCredentials (root CA; client certificate and key for mTLS);
@@ -307,6 +307,11 @@ class KvBrokerClient {
   absl::StatusOr<std::vector<v1::PageOccupancy>> GetPageOccupancy(
       absl::string_view pool, absl::Span<const int64_t> page_ids,
       const CallOptions& call = {});
+  // Engines attached on the daemon's attach socket, and holders in grace,
+  // ordered by pool then holder; `pool` empty: every one the caller may
+  // see. Reasons: INVALID_ARGUMENT, PERMISSION_DENIED, POOL_NOT_FOUND.
+  absl::StatusOr<std::vector<v1::EngineSession>> ListSessions(
+      absl::string_view pool = "", const CallOptions& call = {});
 
   // grpc.health.v1.Health/Check: the serving status of `service`, "" for the
   // daemon as a whole or "kvbroker.v1.KvBroker" (NOT_SERVING while draining

@@ -112,7 +112,7 @@ class TopModel {
               "x reclaimed"
             : absl::StrCat("\x1b[31mserver: ", server_error_, "\x1b[0m"));
     lines.push_back("");
-    const int per_pool = 5;
+    const int per_pool = 6;
     const int max_scroll =
         std::max<int>(0, static_cast<int>(pools_.size()) - 1);
     *scroll = std::clamp(*scroll, 0, max_scroll);
@@ -120,7 +120,10 @@ class TopModel {
     for (const auto& [name, view] : pools_) {
       if (index++ < *scroll) continue;
       if (static_cast<int>(lines.size()) + per_pool > rows) break;
-      RenderPool(name, view, cols, &lines);
+      auto engines = engines_.find(name);
+      RenderPool(name, view,
+                 engines == engines_.end() ? EnginesView{} : engines->second,
+                 engines_error_, cols, &lines);
     }
     if (pools_.empty()) lines.push_back("(no pools)");
     if (static_cast<int>(lines.size()) > rows) lines.resize(rows);
@@ -144,6 +147,15 @@ class TopModel {
     v1::PoolInfo info;
     v1::CapacitySnapshot snapshot;
     std::string stream_error;
+  };
+  // The engines attached to one pool (ListSessions).
+  struct EnginesView {
+    int64_t sessions = 0;
+    int64_t in_grace = 0;
+    int64_t blocks = 0;
+    int64_t mapped_pages = 0;
+    int64_t pending_revocations = 0;
+    int64_t quarantined_pages = 0;
   };
 
   // `line` cut to `cols` visible characters (escape sequences don't count).
@@ -221,7 +233,9 @@ class TopModel {
   }
 
   static void RenderPool(const std::string& name, const PoolView& view,
-                         int cols, std::vector<std::string>* lines) {
+                         const EnginesView& engines,
+                         const std::string& engines_error, int cols,
+                         std::vector<std::string>* lines) {
     const v1::PoolSpec& spec = view.info.spec();
     const v1::CapacitySnapshot& c = view.snapshot;
     std::string health =
@@ -250,17 +264,48 @@ class TopModel {
     lines->push_back(absl::StrCat(
         "  memory  mapped ", FormatBytes(c.mapped_bytes()), "  virtual ",
         FormatBytes(c.virtual_bytes()), "  limit ", limit));
+    if (!engines_error.empty()) {
+      lines->push_back(
+          absl::StrCat("  engines \x1b[33m", engines_error, "\x1b[0m"));
+    } else {
+      std::string quarantined = absl::StrCat(engines.quarantined_pages);
+      if (engines.quarantined_pages > 0) {
+        quarantined = absl::StrCat("\x1b[31m", quarantined, "\x1b[0m");
+      }
+      lines->push_back(absl::StrCat(
+          "  engines ", engines.sessions, " sessions  ", engines.in_grace,
+          " in grace  blocks ", engines.blocks, "  mapped pages ",
+          engines.mapped_pages, "  revoking ", engines.pending_revocations,
+          "  quarantined ", quarantined));
+    }
     lines->push_back("");
   }
 
   void PollLoop() {
     do {
+      const CallOptions call = CallOptions::WithTimeout(
+          std::min(client_->options().timeout, interval_));
       absl::StatusOr<std::vector<v1::PoolInfo>> pools =
-          client_->ListPools(CallOptions::WithTimeout(
-              std::min(client_->options().timeout, interval_)));
+          client_->ListPools(call);
+      absl::StatusOr<std::vector<v1::EngineSession>> sessions =
+          client_->ListSessions("", call);
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       dirty_ = true;
+      engines_.clear();
+      engines_error_.clear();
+      if (sessions.ok()) {
+        for (const v1::EngineSession& s : *sessions) {
+          EnginesView& e = engines_[s.pool()];
+          ++(s.in_grace() ? e.in_grace : e.sessions);
+          e.blocks += s.blocks();
+          e.mapped_pages += s.mapped_pages();
+          e.pending_revocations += s.pending_revocations();
+          e.quarantined_pages += s.quarantined_pages();
+        }
+      } else {
+        engines_error_ = GetKvbError(sessions.status())->ToString();
+      }
       if (!pools.ok()) {
         server_error_ = GetKvbError(pools.status())->ToString();
         continue;
@@ -324,6 +369,9 @@ class TopModel {
   bool dirty_ ABSL_GUARDED_BY(mu_) = true;
   std::string server_error_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, PoolView> pools_ ABSL_GUARDED_BY(mu_);
+  // Per pool, from the last ListSessions; engines_error_ when it failed.
+  std::map<std::string, EnginesView> engines_ ABSL_GUARDED_BY(mu_);
+  std::string engines_error_ ABSL_GUARDED_BY(mu_);
   // Pools with a WatchLoop thread.
   std::set<std::string> watched_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<CapacityWatch>> watches_

@@ -3,7 +3,9 @@
 // One WatchCapacity stream per pool keeps each pool's numbers current (a
 // stream that fails is reopened every second; one that ends with
 // POOL_NOT_FOUND drops the pool), and a ListPools every `interval` notices
-// new pools. The screen is drawn with plain ANSI escape sequences on the
+// new pools; a ListSessions at the same pace counts the engines attached to
+// each pool (sessions, holders in grace, their blocks, mapped pages,
+// pending revocations and quarantined pages). The screen is drawn with plain ANSI escape sequences on the
 // alternate screen, with the terminal in raw mode (termios); no curses
 // library. Keys: q (or Ctrl-C) quits, j/k scroll.
 //

@@ -125,7 +125,11 @@ void kvb_set_revoke_callback(kvb_session* s, kvb_revoke_callback callback,
                              void* user);
 
 /* Ends the session (release != 0: the holder's blocks are freed now; else
- * its grace applies), unmaps everything and frees `s`. */
+ * its grace applies), unmaps everything and frees `s`. Waits up to 5 seconds
+ * for the daemon to confirm the end: on OK the holder's blocks are already
+ * freed or parked, so a kvb_connect with the same holder right after it is
+ * never refused with HOLDER_BUSY. DEADLINE_EXCEEDED when no confirmation
+ * came (`s` is freed all the same). */
 int32_t kvb_close(kvb_session* s, int32_t release, kvb_error* err);
 
 #ifdef __cplusplus

@@ -2,6 +2,7 @@
 
 #include "engine/session.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,7 +20,8 @@ using attach::FrameChannel;
 using attach::ProtocolFailure;
 using attach::ReceivedFrame;
 
-Session::Session(FrameChannel channel) : channel_(std::move(channel)) {}
+Session::Session(FrameChannel channel, absl::Duration close_timeout)
+    : channel_(std::move(channel)), close_timeout_(close_timeout) {}
 
 Session::~Session() { Close(/*release=*/false).IgnoreError(); }
 
@@ -28,7 +30,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
   absl::StatusOr<FrameChannel> channel =
       FrameChannel::Connect(options.socket_path);
   if (!channel.ok()) return channel.status();
-  std::unique_ptr<Session> session(new Session(std::move(*channel)));
+  std::unique_ptr<Session> session(
+      new Session(std::move(*channel), options.close_timeout));
   av1::Frame hello;
   av1::Hello* h = hello.mutable_hello();
   h->set_protocol_version(attach::kProtocolVersion);
@@ -40,7 +43,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
   h->mutable_reattach_grace()->set_nanos(
       static_cast<int32_t>(absl::ToInt64Nanoseconds(
           grace - absl::Seconds(absl::ToInt64Seconds(grace)))));
-  absl::MutexLock lock(&session->mu_);
+  SessionLock lock(&session->mu_);
   absl::StatusOr<av1::Frame> reply = session->Call(std::move(hello));
   if (!reply.ok()) return reply.status();
   if (!reply->has_hello_reply()) {
@@ -170,7 +173,7 @@ absl::Status Session::Revoke(const av1::Revoke& revoke) {
 }
 
 absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (attached_) {
     return absl::FailedPreconditionError(
         absl::StrCat("already attached to pool ", layout_.pool()));
@@ -216,7 +219,7 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
 }
 
 uint64_t Session::device_base(int device_index) const {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (device_index < 0 || device_index >= static_cast<int>(mappers_.size())) {
     return 0;
   }
@@ -249,18 +252,18 @@ absl::StatusOr<uint64_t> Session::BlockAddress(int device_index, int64_t block,
 }
 
 bool Session::page_mapped(int64_t page_id) const {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   return page_id >= 0 && page_id < static_cast<int64_t>(mapped_.size()) &&
          mapped_[page_id];
 }
 
 int64_t Session::mapped_pages() const {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   return mapped_count_;
 }
 
 absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_alloc() = std::move(request);
@@ -288,7 +291,7 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
 }
 
 absl::StatusOr<kv1::FreeResponse> Session::Free(kv1::FreeRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_free() = std::move(request);
@@ -310,7 +313,7 @@ absl::StatusOr<kv1::FreeResponse> Session::Free(
 
 absl::StatusOr<kv1::ReserveResponse> Session::Reserve(
     kv1::ReserveRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_reserve() = std::move(request);
@@ -324,7 +327,7 @@ absl::StatusOr<kv1::ReserveResponse> Session::Reserve(
 
 absl::StatusOr<kv1::ReleaseReservationResponse> Session::ReleaseReservation(
     kv1::ReleaseReservationRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_release_reservation() = std::move(request);
@@ -339,7 +342,7 @@ absl::StatusOr<kv1::ReleaseReservationResponse> Session::ReleaseReservation(
 
 absl::StatusOr<kv1::CapacityResponse> Session::Capacity(
     kv1::CapacityRequest request) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_capacity() = std::move(request);
@@ -353,7 +356,7 @@ absl::StatusOr<kv1::CapacityResponse> Session::Capacity(
 }
 
 absl::Status Session::ProcessEvents() {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (closed_) return absl::CancelledError("session is closed");
   while (true) {
     pollfd p = {channel_.fd(), POLLIN, 0};
@@ -369,18 +372,21 @@ absl::Status Session::ProcessEvents() {
 
 void Session::SetRevocationCallback(
     std::function<void(absl::Span<const int64_t>)> cb) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   on_revoke_ = std::move(cb);
 }
 
 absl::Status Session::Close(bool release) {
-  absl::MutexLock lock(&mu_);
+  SessionLock lock(&mu_);
   if (closed_ && mappers_.empty()) return absl::OkStatus();
   absl::Status status;
   if (!closed_) {
     av1::Frame end;
+    const uint64_t seq = next_seq_++;
+    end.set_seq(seq);
     end.mutable_session_end()->set_release(release);
     status = channel_.Send(end);
+    if (status.ok()) status = AwaitSessionEnd(seq);
     closed_ = true;
   }
   mappers_.clear();
@@ -388,6 +394,38 @@ absl::Status Session::Close(bool release) {
   mapped_count_ = 0;
   shutdown(channel_.fd(), SHUT_RDWR);
   return status;
+}
+
+absl::Status Session::AwaitSessionEnd(uint64_t seq) {
+  const absl::Time deadline = absl::Now() + close_timeout_;
+  while (true) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p = {channel_.fd(), POLLIN, 0};
+    const int n = left_ms > 0 ? poll(&p, 1, static_cast<int>(left_ms)) : 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the daemon did not confirm the end of the session within ",
+          absl::FormatDuration(close_timeout_)));
+    }
+    absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    if (!got.ok()) {
+      // The daemon closed the connection: it has finished with the session.
+      if (absl::IsCancelled(got.status())) return absl::OkStatus();
+      if (attach::ProtocolErrorOf(got.status()) ==
+          av1::PROTOCOL_ERROR_UNSPECIFIED) {
+        return got.status();
+      }
+      continue;  // a bad frame: dropped
+    }
+    if (got->frame.has_session_end() &&
+        (got->frame.seq() == seq || got->frame.seq() == 0)) {
+      return absl::OkStatus();
+    }
+    // Pages mapped or revoked meanwhile no longer matter: the session's
+    // revocations count as acknowledged once it ends, and the fds that came
+    // along close here.
+  }
 }
 
 }  // namespace kvbroker::engine

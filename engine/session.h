@@ -46,11 +46,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "attach/frame.h"
 #include "engine/mapper.h"
+#include "engine/session_mutex.h"
 #include "proto/kvbroker/v1/attach.pb.h"
 
 namespace kvbroker::engine {
@@ -65,6 +65,10 @@ struct ConnectOptions {
   // How long the daemon keeps the holder's blocks after the connection
   // drops, for a reattach under the same holder.
   absl::Duration reattach_grace = absl::ZeroDuration();
+  // How long Close waits for the daemon to confirm the end of the session
+  // (its SessionEnd reply, sent once the holder's blocks were freed or set
+  // aside for the grace).
+  absl::Duration close_timeout = absl::Seconds(5);
 };
 
 struct AttachOptions {
@@ -147,11 +151,19 @@ class Session {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends the session: with `release`, the holder's blocks are freed now;
-  // otherwise its reattach grace applies. Unmaps every page. Idempotent.
+  // otherwise its reattach grace applies. Sends SessionEnd and waits (up to
+  // ConnectOptions::close_timeout) for the daemon's SessionEnd reply, so
+  // that when Close returns OK the daemon has finished with the session: the
+  // holder's blocks are free or parked, and a new session may say hello
+  // under the same holder name at once (no HOLDER_BUSY). Messages arriving
+  // meanwhile are dropped (their fds closed). DEADLINE_EXCEEDED when the
+  // daemon did not answer in time; OK too when the daemon had already ended
+  // the session or closed the socket. Unmaps every page in every case.
+  // Idempotent.
   absl::Status Close(bool release = true) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  explicit Session(attach::FrameChannel channel);
+  Session(attach::FrameChannel channel, absl::Duration close_timeout);
 
   // Sends `request` with a fresh seq and reads until its reply, handling
   // daemon-initiated messages on the way.
@@ -166,13 +178,17 @@ class Session {
   absl::Status Revoke(const attach::v1::Revoke& revoke)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckAttached() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads until the daemon's SessionEnd answering `seq`, the daemon's own
+  // SessionEnd, or the end of the stream, within close_timeout_.
+  absl::Status AwaitSessionEnd(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   attach::FrameChannel channel_;
+  const absl::Duration close_timeout_;
   attach::v1::HelloReply hello_;
   // Written once by Attach (under mu_), then read without it.
   attach::v1::PoolLayout layout_;
 
-  mutable absl::Mutex mu_;
+  mutable SessionMutex mu_;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

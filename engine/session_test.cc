@@ -86,6 +86,8 @@ class Peer {
   void Send(const av1::Frame& f, std::vector<int> fds = {}) {
     ASSERT_TRUE(channel_->Send(f, fds).ok());
   }
+  // Closes the connection (the engine sees the end of the stream).
+  void Hangup() { channel_.reset(); }
 
  private:
   std::string dir_, path_;
@@ -116,7 +118,8 @@ class SessionTest : public ::testing::Test {
  protected:
   // Connects an engine Session while the peer answers Hello and Attach; the
   // attach is followed by PagesMapped of `initial` pages.
-  void Open(const std::vector<int64_t>& initial) {
+  void Open(const std::vector<int64_t>& initial,
+            absl::Duration close_timeout = absl::Seconds(5)) {
     fds_before_ = OpenFds();
     std::thread daemon([&] {
       peer_.Accept();
@@ -147,6 +150,7 @@ class SessionTest : public ::testing::Test {
     ConnectOptions c;
     c.socket_path = peer_.path();
     c.holder = "rank0";
+    c.close_timeout = close_timeout;
     auto s = Session::Connect(c);
     ASSERT_TRUE(s.ok()) << s.status();
     session_ = *std::move(s);
@@ -155,6 +159,13 @@ class SessionTest : public ::testing::Test {
     auto r = session_->Attach(a);
     daemon.join();
     ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  // A session still open closes against a peer that hangs up: its Close
+  // does not wait for a reply that never comes.
+  void TearDown() override {
+    peer_.Hangup();
+    session_.reset();
   }
 
   void SetUp() override {
@@ -271,6 +282,40 @@ TEST_F(SessionTest, SessionEndFromTheDaemon) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(session_->Close().ok());
   EXPECT_EQ(session_->mapped_pages(), 0);
+}
+
+// Close is a request: it returns once the daemon's SessionEnd with its seq
+// arrives, dropping (and closing the fds of) what comes before it.
+TEST_F(SessionTest, CloseWaitsForTheDaemonsSessionEnd) {
+  Open({0});
+  std::thread daemon([&] {
+    ReceivedFrame end = peer_.Next();
+    ASSERT_TRUE(end.frame.has_session_end());
+    EXPECT_NE(end.frame.seq(), 0u);
+    EXPECT_FALSE(end.frame.session_end().release());
+    av1::Frame pm;
+    pm.mutable_pages_mapped()->add_page_ids(2);
+    peer_.Send(pm, {bundles_[2]->fd.get()});
+    av1::Frame reply;
+    reply.set_seq(end.frame.seq());
+    reply.mutable_session_end()->set_message("holder rank0: 0 blocks freed");
+    peer_.Send(reply);
+  });
+  EXPECT_TRUE(session_->Close(/*release=*/false).ok());
+  daemon.join();
+  EXPECT_EQ(session_->mapped_pages(), 0);
+  EXPECT_FALSE(session_->page_mapped(2));
+  session_.reset();
+  EXPECT_EQ(OpenFds(), fds_before_ + 1);  // the peer's connection
+}
+
+TEST_F(SessionTest, CloseGivesUpOnADaemonThatDoesNotAnswer) {
+  Open({}, absl::Milliseconds(50));
+  EXPECT_EQ(session_->Close().code(), absl::StatusCode::kDeadlineExceeded);
+  ReceivedFrame end = peer_.Next();
+  EXPECT_TRUE(end.frame.has_session_end());
+  EXPECT_TRUE(end.frame.session_end().release());
+  EXPECT_TRUE(session_->Close().ok());  // idempotent
 }
 
 }  // namespace

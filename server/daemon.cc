@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
   daemon->broker_ = *std::move(broker);
   daemon->service_ = std::make_unique<KvBrokerService>(
       daemon->broker_.get(), feed, daemon->options_.access.get(),
-      daemon->options_.limits);
+      daemon->options_.limits, daemon->options_.sessions);
   return daemon;
 }
 

@@ -73,6 +73,8 @@ struct DaemonOptions {
   // More services served beside KvBroker by the same server (benchmarks
   // register their baseline ping here). Not owned; must outlive the daemon.
   std::vector<grpc::Service*> extra_services;
+  // The engines on the attach socket, for ListSessions; null: none.
+  std::shared_ptr<const attach::SessionDirectory> sessions;
   // Page-list bound of Capacity and WatchCapacity (kvbroker_service.h).
   ServiceLimits limits;
   // WatchCapacity streams per caller and the notifier's pacing

@@ -109,16 +109,35 @@ absl::Status Reply(absl::StatusOr<Result> result, Response* response) {
   return absl::OkStatus();
 }
 
+void SessionToProto(const attach::SessionInfo& info, v1::EngineSession* out) {
+  out->set_session_id(info.session_id);
+  out->set_holder(info.holder);
+  out->set_pid(info.pid);
+  out->set_pool(info.pool);
+  out->set_mapped_pages(info.mapped_pages);
+  out->set_blocks(info.blocks);
+  out->set_pending_revocations(info.pending_revocations);
+  out->set_quarantined_pages(info.quarantined_pages);
+  ToProto(info.attached_since, out->mutable_attached_since());
+  const int64_t grace_nanos = absl::ToInt64Nanoseconds(info.reattach_grace);
+  out->mutable_reattach_grace()->set_seconds(grace_nanos / 1000000000);
+  out->mutable_reattach_grace()->set_nanos(
+      static_cast<int32_t>(grace_nanos % 1000000000));
+  out->set_in_grace(info.in_grace);
+  if (info.in_grace) ToProto(info.grace_ends, out->mutable_grace_ends());
+}
+
 }  // namespace
 
-KvBrokerService::KvBrokerService(Broker* broker,
-                                 std::shared_ptr<ChangeFeed> feed,
-                                 const AccessPolicy* access,
-                                 ServiceLimits limits)
+KvBrokerService::KvBrokerService(
+    Broker* broker, std::shared_ptr<ChangeFeed> feed,
+    const AccessPolicy* access, ServiceLimits limits,
+    std::shared_ptr<const attach::SessionDirectory> sessions)
     : broker_(broker),
       feed_(std::move(feed)),
       access_(access),
-      limits_(limits) {}
+      limits_(limits),
+      sessions_(std::move(sessions)) {}
 
 std::string KvBrokerService::CallerOf(grpc::CallbackServerContext* ctx,
                                       const AccessPolicy::Grant* grant) {
@@ -398,6 +417,37 @@ KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
   return StartCapacityWatch(
       feed_, ChangeFeed::Watch{std::move(pool), request->max_pages(),
                                CallerOf(ctx, caller->token)});
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::ListSessions(
+    grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest* request,
+    v1::ListSessionsResponse* response) {
+  absl::Status admission = CheckBounds(*request);
+  absl::StatusOr<AccessPolicy::Caller> caller = AccessPolicy::Caller();
+  if (admission.ok()) {
+    caller = Authenticate(ctx);
+    admission = caller.status();
+  }
+  if (admission.ok() && !request->pool().empty()) {
+    admission =
+        AccessPolicy::Authorize(*caller, request->pool(), "ListSessions");
+  }
+  return Unary(ctx, gate_, "ListSessions", request->pool(), admission, [&] {
+    if (!request->pool().empty()) {
+      absl::StatusOr<std::shared_ptr<PagePool>> found =
+          broker_->GetPool(request->pool());
+      if (!found.ok()) return found.status();
+    }
+    if (sessions_ == nullptr) return absl::OkStatus();
+    for (const attach::SessionInfo& info : sessions_->ListSessions()) {
+      if (!request->pool().empty() && info.pool != request->pool()) continue;
+      // A session not attached yet names no pool: only a caller that may
+      // use every pool (or any, without tokens) sees it.
+      if (!caller->Allows(info.pool)) continue;
+      SessionToProto(info, response->add_sessions());
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace kvbroker

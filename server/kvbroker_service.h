@@ -31,7 +31,8 @@
 //
 // Access: with an AccessPolicy (--auth_tokens), every call is authenticated
 // and the pool it names authorized before anything else happens
-// (access.h); ListPools shows a token the pools it may use. WatchCapacity is
+// (access.h); ListPools shows a token the pools it may use and ListSessions
+// the engine sessions attached to them. WatchCapacity is
 // checked when it starts.
 //
 // Logging: one line on stderr per failed call (method, pool, reason, code,
@@ -51,6 +52,7 @@
 #include <string>
 
 #include "allocator/broker.h"
+#include "attach/session_directory.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "server/access.h"
 #include "server/change_feed.h"
@@ -69,9 +71,12 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
  public:
   // `feed` must receive the broker's on_change notifications. `access`
   // (nullable: every call is admitted) must outlive the service.
-  KvBrokerService(Broker* broker, std::shared_ptr<ChangeFeed> feed,
-                  const AccessPolicy* access = nullptr,
-                  ServiceLimits limits = {});
+  // `sessions` (nullable: no attach socket, ListSessions lists nothing)
+  // reports the engines attached on the attach socket.
+  KvBrokerService(
+      Broker* broker, std::shared_ptr<ChangeFeed> feed,
+      const AccessPolicy* access = nullptr, ServiceLimits limits = {},
+      std::shared_ptr<const attach::SessionDirectory> sessions = nullptr);
 
   // SIGTERM: every unary call from now on is refused with DRAINING
   // (UNAVAILABLE, RetryInfo) without running. Idempotent.
@@ -127,6 +132,9 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
       grpc::CallbackServerContext* ctx,
       const v1::GetPageOccupancyRequest* request,
       v1::GetPageOccupancyResponse* response) override;
+  grpc::ServerUnaryReactor* ListSessions(
+      grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest* request,
+      v1::ListSessionsResponse* response) override;
 
  private:
   // The caller's grants (none without an access policy).
@@ -155,6 +163,7 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   const std::shared_ptr<ChangeFeed> feed_;
   const AccessPolicy* const access_;
   const ServiceLimits limits_;
+  const std::shared_ptr<const attach::SessionDirectory> sessions_;
   // Every unary call passes it; closed by BeginDrain.
   DrainGate gate_;
 };

@@ -336,6 +336,10 @@ int Run() {
   }
   options.tcp_credentials = *tls;
   options.access = *access;
+  // ListSessions and the metrics read the attach server's sessions through
+  // this slot: both start before it, and it goes before they do.
+  auto sessions = std::make_shared<attach::SessionDirectorySlot>();
+  options.sessions = sessions;
   if (options.access != nullptr) {
     LogLine("%d bearer token(s) from %s; KvBroker calls need one",
             options.access->size(), absl::GetFlag(FLAGS_auth_tokens));
@@ -356,7 +360,8 @@ int Run() {
       !listen.empty()) {
     Broker* broker = (*daemon)->broker();
     absl::StatusOr<std::unique_ptr<MetricsServer>> started =
-        MetricsServer::Start(listen, std::make_shared<BrokerCollector>(broker));
+        MetricsServer::Start(
+            listen, std::make_shared<BrokerCollector>(broker, sessions));
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
   }
@@ -372,6 +377,7 @@ int Run() {
         attach::AttachServer::Start((*daemon)->broker(), attach_options);
     if (!started.ok()) return Fail(started.status());
     attach_server = *std::move(started);
+    sessions->Set(attach_server.get());
   }
 
   absl::PrintF(
@@ -408,6 +414,7 @@ int Run() {
           absl::FormatDuration(options.drain_timeout));
   if (attach_server != nullptr) attach_server->Stop();
   (*daemon)->Drain();
+  sessions->Set(nullptr);
   attach_server.reset();
   metrics.reset();  // it reads the broker
   daemon->reset();

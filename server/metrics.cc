@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 
 #include <exception>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,13 +78,69 @@ class Families {
   std::vector<MetricFamily> families_;
 };
 
+// The attached engines' metrics: per engine, and per pool of `pools` (every
+// pool gets its session gauges, zero when no engine is attached).
+void AddSessions(const std::vector<attach::SessionInfo>& sessions,
+                 const std::vector<std::string>& pools, Families& e) {
+  struct PerPool {
+    int64_t sessions = 0;
+    int64_t in_grace = 0;
+    int64_t quarantined = 0;
+  };
+  std::map<std::string, PerPool> per_pool;
+  for (const std::string& pool : pools) per_pool[pool];
+  for (const attach::SessionInfo& s : sessions) {
+    if (s.pool.empty()) continue;  // not attached yet
+    PerPool& p = per_pool[s.pool];
+    if (s.in_grace) {
+      ++p.in_grace;
+      continue;
+    }
+    ++p.sessions;
+    p.quarantined += s.quarantined_pages;
+    const std::vector<ClientMetric::Label> l = {
+        {"pool", s.pool},
+        {"holder", s.holder},
+        {"session", absl::StrCat(s.session_id)}};
+    e.Add("kvbroker_engine_mapped_pages", MetricType::Gauge,
+          "Pages of the pool the engine has been sent to map and not had "
+          "revoked.",
+          l, static_cast<double>(s.mapped_pages));
+    e.Add("kvbroker_engine_blocks", MetricType::Gauge,
+          "Blocks the engine's holder owns.", l, static_cast<double>(s.blocks));
+    e.Add("kvbroker_engine_pending_revocations", MetricType::Gauge,
+          "Revocations sent to the engine and not yet acknowledged.", l,
+          static_cast<double>(s.pending_revocations));
+    e.Add("kvbroker_engine_quarantined_pages", MetricType::Gauge,
+          "Pages quarantined because the engine missed a revocation "
+          "deadline.",
+          l, static_cast<double>(s.quarantined_pages));
+  }
+  for (const auto& [pool, p] : per_pool) {
+    const std::vector<ClientMetric::Label> l = {{"pool", pool}};
+    e.Add("kvbroker_pool_sessions", MetricType::Gauge,
+          "Engine sessions attached to the pool.", l,
+          static_cast<double>(p.sessions));
+    e.Add("kvbroker_pool_holders_in_grace", MetricType::Gauge,
+          "Holders whose session ended and who keep their blocks for their "
+          "reattach grace.",
+          l, static_cast<double>(p.in_grace));
+    e.Add("kvbroker_pool_quarantined_pages", MetricType::Gauge,
+          "Pages kept out of capacity because an engine missed a revocation "
+          "deadline.",
+          l, static_cast<double>(p.quarantined));
+  }
+}
+
 }  // namespace
 
 std::vector<MetricFamily> BrokerCollector::Collect() const {
   Families e;
+  std::vector<std::string> pool_names;
   for (const std::shared_ptr<PagePool>& pool : broker_->ListPools()) {
     absl::StatusOr<CapacitySnapshot> c = pool->Capacity();
     if (!c.ok()) continue;  // deleted meanwhile
+    pool_names.push_back(pool->name());
     const PoolStats s = pool->Stats();
     const ClientMetric::Label p{"pool", pool->name()};
     const std::pair<const char*, PageCount> states[] = {
@@ -166,6 +223,9 @@ std::vector<MetricFamily> BrokerCollector::Collect() const {
                    "the pool.",
                    {p}, s.unmap_latency);
   }
+  if (sessions_ != nullptr) {
+    AddSessions(sessions_->ListSessions(), pool_names, e);
+  }
   DeviceBudgets* budgets = broker_->budgets();
   for (int d = 0; d < budgets->device_count(); ++d) {
     const DeviceBudgetSnapshot b = budgets->Snapshot(d);
@@ -188,9 +248,10 @@ std::vector<MetricFamily> BrokerCollector::Collect() const {
   return e.Take();
 }
 
-std::string RenderMetrics(Broker& broker) {
+std::string RenderMetrics(
+    Broker& broker, std::shared_ptr<const attach::SessionDirectory> sessions) {
   return prometheus::TextSerializer().Serialize(
-      BrokerCollector(&broker).Collect());
+      BrokerCollector(&broker, std::move(sessions)).Collect());
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(

@@ -18,6 +18,13 @@
 //     *_reservations_expired_total, *_idempotent_replays_total, and the
 //     histograms kvbroker_pool_map_seconds / kvbroker_pool_unmap_seconds (one
 //     page on every device of the pool);
+//   per pool, with a session directory (the attach socket):
+//     kvbroker_pool_sessions (live engine sessions attached),
+//     kvbroker_pool_holders_in_grace, kvbroker_pool_quarantined_pages (pages
+//     kept out of capacity because an engine missed a revocation deadline);
+//   per attached engine (labels pool, holder, session):
+//     kvbroker_engine_mapped_pages, kvbroker_engine_blocks,
+//     kvbroker_engine_pending_revocations, kvbroker_engine_quarantined_pages;
 //   per device (label device): kvbroker_device_total_bytes,
 //     *_driver_free_bytes, *_headroom_bytes, *_charged_bytes (what this
 //     daemon holds), *_budget_bytes (what pools may still map).
@@ -43,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "allocator/broker.h"
+#include "attach/session_directory.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 
@@ -52,18 +60,25 @@ class Exposer;
 
 namespace kvbroker {
 
-// The broker's metrics, collected at each scrape. `broker` must outlive it.
+// The broker's metrics, collected at each scrape, with those of the engines
+// `sessions` reports (nullable: none). `broker` must outlive it.
 class BrokerCollector final : public prometheus::Collectable {
  public:
-  explicit BrokerCollector(Broker* broker) : broker_(broker) {}
+  explicit BrokerCollector(
+      Broker* broker,
+      std::shared_ptr<const attach::SessionDirectory> sessions = nullptr)
+      : broker_(broker), sessions_(std::move(sessions)) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   Broker* const broker_;
+  const std::shared_ptr<const attach::SessionDirectory> sessions_;
 };
 
 // The text exposition of `broker`'s metrics (what a scrape returns).
-std::string RenderMetrics(Broker& broker);
+std::string RenderMetrics(
+    Broker& broker,
+    std::shared_ptr<const attach::SessionDirectory> sessions = nullptr);
 
 struct MetricsOptions {
   int threads = 2;

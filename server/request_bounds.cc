@@ -62,6 +62,10 @@ absl::Status CheckBounds(const v1::GetPoolRequest& request) {
   return CheckString("pool", request.pool(), kMaxPoolNameBytes);
 }
 
+absl::Status CheckBounds(const v1::ListSessionsRequest& request) {
+  return CheckString("pool", request.pool(), kMaxPoolNameBytes);
+}
+
 absl::Status CheckBounds(const v1::DeletePoolRequest& request) {
   return CheckString("pool", request.pool(), kMaxPoolNameBytes);
 }

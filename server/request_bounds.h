@@ -59,6 +59,7 @@ inline constexpr absl::Duration kMaxReservationTtl = absl::Hours(24);
 // first field past its bound.
 absl::Status CheckBounds(const v1::CreatePoolRequest& request);
 absl::Status CheckBounds(const v1::GetPoolRequest& request);
+absl::Status CheckBounds(const v1::ListSessionsRequest& request);
 absl::Status CheckBounds(const v1::DeletePoolRequest& request);
 absl::Status CheckBounds(const v1::CapacityRequest& request);
 absl::Status CheckBounds(const v1::AllocRequest& request);

@@ -72,6 +72,7 @@ Rig::Rig(RigOptions options)
   daemon_options.access = options.access;
   daemon_options.limits = options.limits;
   daemon_options.watch = options.watch;
+  daemon_options.sessions = options.sessions;
   absl::StatusOr<std::unique_ptr<Daemon>> created =
       Daemon::Create(&backend, broker_options, daemon_options);
   if (!created.ok()) {

@@ -56,6 +56,8 @@ struct RigOptions {
   // DaemonOptions::limits and ::watch.
   ServiceLimits limits;
   ChangeFeed::Options watch;
+  // DaemonOptions::sessions (ListSessions).
+  std::shared_ptr<const attach::SessionDirectory> sessions;
 };
 
 // A started daemon. Construction failures are reported with ADD_FAILURE and

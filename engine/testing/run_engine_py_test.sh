@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Runs kvbroker.engine's pytest suite with Debian's python3 against the
-# kvbrokerd binary and libkvbroker_engine.so from the runfiles (the working
-# directory). pytest's "no tests collected" (5) fails like any other status.
+# Runs a pytest file of kvbroker.engine (the first argument; default
+# engine/testing/engine_py_test.py) with Debian's python3 against the
+# kvbrokerd and kvbrokerctl binaries and libkvbroker_engine.so from the
+# runfiles (the working directory). pytest's "no tests collected" (5) fails
+# like any other status.
 set -euo pipefail
 
 export KVBROKERD=$PWD/server/kvbrokerd
+export KVBROKERCTL=$PWD/client/kvbrokerctl
 export KVBROKER_ENGINE_LIBRARY=$PWD/engine/libkvbroker_engine.so
 export PYTHONPATH=$PWD/py
 export PYTHONDONTWRITEBYTECODE=1
@@ -17,4 +20,4 @@ if nm -D --undefined-only "$KVBROKER_ENGINE_LIBRARY" | grep ' __asan_' >/dev/nul
   export ASAN_OPTIONS=detect_leaks=0
 fi
 exec /usr/bin/python3 -m pytest -p no:cacheprovider --basetemp="$tmp/pytest" \
-  -ra -v "$PWD/engine/testing/engine_py_test.py"
+  -ra -v "$PWD/${1:-engine/testing/engine_py_test.py}"

@@ -342,7 +342,10 @@ class Session:
         self._lib.kvb_set_revoke_callback(self._handle, self._callback, None)
 
     def close(self, release=True):
-        """Ends the session; with release the holder's blocks go now."""
+        """Ends the session; with release the holder's blocks go now.
+        Returns once the daemon confirmed the end (at most 5 s): the holder
+        may then reconnect at once. Raises EngineError DEADLINE_EXCEEDED
+        (code 4) when no confirmation came; the session is closed anyway."""
         if not self._handle:
             return
         handle, self._handle = self._handle, ctypes.c_void_p()

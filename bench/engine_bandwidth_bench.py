@@ -1,0 +1,136 @@
+"""engine_bandwidth_bench: does memory an engine attached from kvbrokerd copy
+as fast as memory PyTorch allocated itself? In one run, on one GPU:
+
+  - a torch copy of a source tensor into one layer's K view over every block
+    of an attached pool (torch.as_tensor over kvbroker.engine's
+    __cuda_array_interface__: rows of block_bytes, block_stride_bytes apart),
+    against the same copy into a torch.empty tensor of the same shape;
+  - the same for a contiguous range of whole blocks.
+
+Rounds alternate the two destinations; the table reports the median GB/s
+(bytes copied per second, cuda events) and the ratio. Target: the layer view
+>= 0.95 x torch.empty.
+
+    KVBROKERD=... KVBROKER_ENGINE_LIBRARY=... PYTHONPATH=py \\
+        python3 bench/engine_bandwidth_bench.py
+
+Prints "SKIPPED: why" and exits 0 without torch or a CUDA device.
+"""
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+PAGE = 2 << 20
+LAYERS = 32
+BLOCKS = int(os.environ.get("KVB_BENCH_BLOCKS", "256"))  # 32 GiB at 128 MiB
+CONTIGUOUS_BLOCKS = 8  # 1 GiB
+ROUNDS = 7
+COPIES = 10
+
+
+def main():
+    try:
+        import torch
+    except ImportError:
+        print("SKIPPED: no torch")
+        return 0
+    if not torch.cuda.is_available():
+        print("SKIPPED: no CUDA device")
+        return 0
+    from kvbroker import engine
+
+    d = tempfile.mkdtemp(prefix="kvb-bw-", dir="/tmp")
+    pools = os.path.join(d, "pools.textproto")
+    with open(pools, "w") as f:
+        f.write('pools { name: "bw" page_size: %d block_bytes: %d '
+                'num_layers: %d num_kv_buffers: 2 max_blocks: %d }\n' %
+                (PAGE, PAGE, LAYERS, BLOCKS))
+    sock = os.path.join(d, "attach.sock")
+    daemon = subprocess.Popen(
+        shlex.split(os.environ["KVBROKERD"]) + [
+         "--backend=cuda", "--listen=",
+         "--unix_socket=" + os.path.join(d, "grpc.sock"),
+         "--attach_socket=" + sock, "--pools=" + pools,
+         "--min_idle_pages=0", "--max_idle_pages=0"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        while True:
+            line = daemon.stdout.readline()
+            if not line:
+                raise SystemExit("kvbrokerd exited before serving")
+            if line.startswith("kvbrokerd:"):
+                break
+        with engine.Session(sock, holder="bandwidth-bench") as s:
+            s.attach("bw")
+            blocks = s.alloc(BLOCKS)
+            if s.mapped_pages != BLOCKS:
+                raise SystemExit(
+                    "the engine mapped %d pages of %d: the daemon does not "
+                    "send its pages (PagesMapped)" % (s.mapped_pages, BLOCKS))
+            lay = s.layout
+            layer = torch.as_tensor(s.kv_view(layer=0, buffer=0),
+                                    device="cuda")
+            assert layer.shape == (BLOCKS, lay.block_bytes)
+            assert layer.stride() == (lay.block_stride_bytes, 1)
+
+            class Range:
+                pass
+
+            whole = Range()
+            whole.__cuda_array_interface__ = {
+                "shape": (CONTIGUOUS_BLOCKS * lay.block_stride_bytes,),
+                "typestr": "|u1",
+                "data": (s.block_address(min(blocks)), False),
+                "version": 3,
+            }
+            contiguous = torch.as_tensor(whole, device="cuda")
+            rows = [("layer view (strided)", layer),
+                    ("whole blocks (contiguous)", contiguous)]
+            print("%-28s %10s %12s %12s %8s" %
+                  ("destination", "MiB", "attached GB/s", "empty GB/s",
+                   "ratio"))
+            for name, view in rows:
+                src = torch.randint(0, 256, view.shape, dtype=torch.uint8,
+                                    device="cuda")
+                empty = torch.empty(view.shape, dtype=torch.uint8,
+                                    device="cuda")
+                view.copy_(src)
+                torch.cuda.synchronize()
+                if not torch.equal(view, src):
+                    raise SystemExit("%s: the copy did not land" % name)
+                attached, own = [], []
+                for _ in range(ROUNDS):
+                    for dst, out in ((view, attached), (empty, own)):
+                        dst.copy_(src)  # warm
+                        start = torch.cuda.Event(enable_timing=True)
+                        end = torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        for _ in range(COPIES):
+                            dst.copy_(src)
+                        end.record()
+                        end.synchronize()
+                        seconds = start.elapsed_time(end) / 1e3
+                        out.append(view.numel() * COPIES / seconds / 1e9)
+                a = sorted(attached)[ROUNDS // 2]
+                e = sorted(own)[ROUNDS // 2]
+                print("%-28s %10d %12.1f %12.1f %7.3fx" %
+                      (name, view.numel() >> 20, a, e, a / e))
+                del src, empty
+            print("target: layer view >= 0.95x torch.empty")
+            del layer, contiguous
+            torch.cuda.synchronize()
+            s.free(blocks)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait()
+        shutil.rmtree(d)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
