@@ -359,6 +359,16 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
   if (any_failed && ledger_.admitted_pages().value() > target_pages_) {
     limit_state_ = LimitState::kDeferred;
   }
+  // Another call's unmap may have failed (deferring the limit) while this
+  // call's pages were in flight to the FREE list: while over the target
+  // they are reclaimed instead, as a lowered limit would have.
+  if (limit_state_ == LimitState::kDeferred) {
+    while (ledger_.admitted_pages().value() > target_pages_ &&
+           ledger_.free_pages().value() > 0) {
+      ledger_.ReclaimFreeBack();
+    }
+    SettleLimitLocked();
+  }
   if (landed > 0) BumpGenerationLocked();
   return landed;
 }
