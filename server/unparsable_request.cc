@@ -28,8 +28,13 @@ class UnparsableRequestInterceptor final
         batch->GetRecvMessage() == nullptr) {
       unparsable_ = true;
     }
-    if (unparsable_ && batch->QueryInterceptionHookPoint(
-                           InterceptionHookPoints::PRE_SEND_STATUS)) {
+    // gRPC's own answer to it is UNIMPLEMENTED; any other status is the
+    // handler's.
+    if (unparsable_ &&
+        batch->QueryInterceptionHookPoint(
+            InterceptionHookPoints::PRE_SEND_STATUS) &&
+        batch->GetSendStatus().error_code() ==
+            grpc::StatusCode::UNIMPLEMENTED) {
       batch->ModifySendStatus(ToGrpcStatus(UnparsableRequest(method_)));
     }
     batch->Proceed();
@@ -55,6 +60,12 @@ absl::Status UnparsableRequest(absl::string_view method) {
 grpc::experimental::Interceptor*
 UnparsableRequestInterceptorFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
+  // Only methods with exactly one request message: in a client or bidi
+  // stream no message also means the client closed its side.
+  using Type = grpc::experimental::ServerRpcInfo::Type;
+  if (info->type() != Type::UNARY && info->type() != Type::SERVER_STREAMING) {
+    return nullptr;
+  }
   return new UnparsableRequestInterceptor(info->method());
 }
 

@@ -8,8 +8,10 @@
 // INVALID_ARGUMENT, ErrorInfo metadata "method" (the full method name) and
 // "field" "request", BadRequest naming the request, built through
 // status_convert.h like every other refusal. Calls whose request parsed are
-// passed through untouched; it covers every method, unary and streaming,
-// including those of services added later.
+// passed through untouched; it covers every method with one request
+// message (unary and server-streaming), including those of services added
+// later. Client and bidi streams (server reflection) are left alone: there
+// no message also means the client closed its side.
 //
 // Thread safety: the factory is thread-safe; each interceptor serves one
 // call.
