@@ -198,7 +198,9 @@ void Daemon::Drain() {
   stop_health_.Notify();
   const absl::Time start = absl::Now();
   const absl::Time drain_deadline = start + options_.drain_timeout;
-  if (const int64_t left = service_->AwaitCallsDone(drain_deadline); left > 0) {
+  if (const int64_t left =
+          service_->AwaitQuiet(options_.drain_quiet, drain_deadline);
+      left > 0) {
     LogLine("%d call(s) still running after %s; cancelling them", left,
             absl::FormatDuration(options_.drain_timeout));
   }
