@@ -9,9 +9,11 @@
 // place where the documents are ambiguous.
 //
 // What it models:
-//   - geometry ("Geometry"): range(p) = [ceil(p*P/B), min(floor((p+1)*P/B), N));
+//   - geometry ("Geometry"): range(p) = [ceil(p*P/B), min(floor((p+1)*P/B),
+//   N));
 //   - page states FREE / IDLE / OPEN / FULL / RECLAIMED / EMPTY;
-//   - the consumption order ("Consumption order", page_pool.h): OPEN best fit (the page
+//   - the consumption order ("Consumption order", page_pool.h): OPEN best fit
+//   (the page
 //     with the fewest free blocks that still covers the remaining need, else
 //     the one with the most free blocks; ties: lowest page id), then IDLE
 //     front first, then FREE front first while every device can afford one
@@ -20,7 +22,8 @@
 //     list) while fewer than max_idle_pages pages are IDLE, else it is
 //     unmapped to the back of the FREE list;
 //   - reservations (Reserve, Alloc from a reservation, ReleaseReservation);
-//   - SetMemoryLimit ("Memory limits", page_pool.h): admitted = mapped + |FREE| <=
+//   - SetMemoryLimit ("Memory limits", page_pool.h): admitted = mapped + |FREE|
+//   <=
 //     target; lowering moves FREE pages from the back to RECLAIMED, then
 //     unmaps IDLE pages from the back to RECLAIMED; DEFERRED while still over
 //     the target; a page emptied while over the target is unmapped to
@@ -212,6 +215,10 @@ class ReferenceModel {
   void AbortAcquire(const MInFlight& f);
   int64_t Trim(int64_t max_pages);
   bool PreallocStep();
+  // For checkers of concurrent histories, whose unmaps land in the order
+  // they finish: moves FREE page p to the back of the FREE list (no-op for
+  // a page in another state).
+  void RequeueFreeAtBack(int64_t p);
 
   // Checks the model's own bookkeeping; "" when consistent.
   std::string SelfCheck() const;
