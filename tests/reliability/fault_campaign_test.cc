@@ -25,6 +25,9 @@
 //   blocks free cleanly unless the pool FAILED, and the backend's handles
 //   are exactly the mapped pages'.
 //
+// Throughout, the backend's handles are exactly those the pools hold
+// (PagePool::backend_handles) plus the broker's orphans.
+//
 // In both, deleting every pool with the faults cleared returns every handle.
 // KVB_FAULT_CONCURRENT_EVERY=k runs the concurrent part at every k-th
 // position (default 3); KVB_FAULT_ROUNDS repeats the concurrent part with
@@ -170,11 +173,20 @@ struct World {
   // unwinding released some of its handles before the failure, so then the
   // backend may hold fewer, never more: no handle a pool does not know.
   // (Teardown proves a FAILED pool still returns all it holds.)
+  // And always exactly what the pools and the broker's orphans hold.
   std::string CheckHandles() {
     const int64_t expected = ExpectedHandles();
     bool all_healthy = true;
-    for (const auto& pool : pools) all_healthy &= pool->healthy();
+    int64_t held = broker->orphaned_handles();
+    for (const auto& pool : pools) {
+      all_healthy &= pool->healthy();
+      held += pool->backend_handles();
+    }
     const int64_t live = host->live_handles();
+    if (live != held) {
+      return absl::StrCat("backend holds ", live,
+                          " handles; the pools and orphans hold ", held);
+    }
     if (all_healthy ? live != expected : live > expected) {
       std::string pools_now;
       for (const auto& pool : pools) {
