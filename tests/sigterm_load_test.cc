@@ -113,11 +113,12 @@ class LoadThread {
     ++out_->calls;
     ++out_->per_thread[index_];
     out_->in_flight += in_flight;
-    const auto bad = [&](const char* why) {
-      out_->bad.push_back(absl::StrCat(
-          "thread ", index_, " ", what, " (", in_flight ? "in flight" : "",
-          "): ", why, ": ", s.error_code(), " ", s.error_message()));
-    };
+    const auto bad =
+        [&](const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_->mu) {
+          out_->bad.push_back(absl::StrCat(
+              "thread ", index_, " ", what, " (", in_flight ? "in flight" : "",
+              "): ", why, ": ", s.error_code(), " ", s.error_message()));
+        };
     if (s.ok()) {
       out_->in_flight_ok += in_flight;
       return true;
