@@ -66,7 +66,33 @@ Broker::~Broker() {
     absl::MutexLock lock(&mu_);
     pools.swap(pools_);
   }
-  for (auto& [name, pool] : pools) (void)pool->Shutdown(/*force=*/true);
+  for (auto& [name, pool] : pools) Retire(pool);
+  std::vector<std::shared_ptr<PagePool>> orphans;
+  {
+    absl::MutexLock lock(&mu_);
+    orphans.swap(orphans_);
+  }
+  // One last attempt; what still fails is logged as the pools go.
+  for (auto& pool : orphans) (void)pool->ReleaseLeftovers();
+}
+
+bool Broker::Retire(const std::shared_ptr<PagePool>& pool) {
+  if (pool->Shutdown(/*force=*/true).ok()) return true;
+  std::fprintf(stderr,
+               "kvbroker: pool %s: %lld backend handle(s) could not be "
+               "released; retrying in the background\n",
+               pool->name().c_str(),
+               static_cast<long long>(pool->backend_handles()));
+  absl::MutexLock lock(&mu_);
+  orphans_.push_back(pool);
+  return false;
+}
+
+int64_t Broker::orphaned_handles() {
+  int64_t n = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& pool : orphans_) n += pool->backend_handles();
+  return n;
 }
 
 void Broker::Notify(const std::string& pool) const {
@@ -104,7 +130,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
   if (created_capacity != nullptr) {
     absl::StatusOr<CapacitySnapshot> capacity = pool->Capacity();
     if (!capacity.ok()) {
-      (void)pool->Shutdown(/*force=*/true);
+      Retire(pool);
       return capacity.status();
     }
     *created_capacity = *std::move(capacity);
@@ -116,7 +142,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
     inserted = pools_.emplace(config.name, pool).second;
   }
   if (!inserted) {
-    (void)pool->Shutdown(/*force=*/true);
+    Retire(pool);
     return MakeFailure(FailureReason::kPoolAlreadyExists,
                        absl::StrCat("pool ", config.name, " already exists"),
                        {{std::string(error_key::kPool), config.name}});
@@ -165,9 +191,17 @@ absl::Status Broker::DeletePool(const std::string& name, bool force) {
     auto it = pools_.find(name);
     if (it != pools_.end() && it->second == *pool) pools_.erase(it);
     generation_floor_ = std::max(generation_floor_, final_generation + 1);
+    if (!s.ok()) orphans_.push_back(*pool);
   }
-  std::fprintf(stderr, "kvbroker: deleted pool %s%s\n", name.c_str(),
-               s.ok() ? "" : " (some pages could not be unmapped)");
+  if (s.ok()) {
+    std::fprintf(stderr, "kvbroker: deleted pool %s\n", name.c_str());
+  } else {
+    std::fprintf(stderr,
+                 "kvbroker: deleted pool %s; %lld backend handle(s) could not "
+                 "be released, retrying in the background\n",
+                 name.c_str(),
+                 static_cast<long long>((*pool)->backend_handles()));
+  }
   Notify("");
   return absl::OkStatus();
 }
@@ -193,6 +227,20 @@ void Broker::StopWorker() {
 }
 
 void Broker::RunMaintenance() {
+  std::vector<std::shared_ptr<PagePool>> orphans;
+  {
+    absl::MutexLock lock(&mu_);
+    orphans = orphans_;
+  }
+  for (const auto& pool : orphans) {
+    if (pool->ReleaseLeftovers() > 0) continue;
+    std::fprintf(stderr,
+                 "kvbroker: released the last handles of deleted pool %s\n",
+                 pool->name().c_str());
+    absl::MutexLock lock(&mu_);
+    orphans_.erase(std::remove(orphans_.begin(), orphans_.end(), pool),
+                   orphans_.end());
+  }
   for (const auto& pool : ListPools()) {
     pool->ExpireReservations();
     while (pool->PreallocStep()) {

@@ -24,6 +24,14 @@
 // generation at most the time now (a realtime clock stepped backwards
 // across a restart by more than the pools' lifetime is the one exception).
 //
+// Orphans: a pool whose shutdown could not unmap or release every page
+// (the backend failed) is deleted all the same, by name, but its handles
+// are not forgotten: the pool object, shut down and holding them, moves to
+// the broker's orphans. Each maintenance pass retries their release; their
+// pages stay charged to the device budgets until it succeeds, and
+// orphaned_handles() (the metric kvbroker_orphaned_handles) counts what is
+// still held. The destructor tries once more and logs what remains.
+//
 // Thread safety: thread-safe. The broker's lock guards only the pool map and
 // is never held while calling into a pool.
 
@@ -90,9 +98,12 @@ class Broker {
   absl::StatusOr<std::shared_ptr<PagePool>> GetPool(const std::string& name)
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::shared_ptr<PagePool>> ListPools() ABSL_LOCKS_EXCLUDED(mu_);
-  // Errors: POOL_NOT_FOUND; POOL_NOT_EMPTY unless `force`.
+  // Errors: POOL_NOT_FOUND; POOL_NOT_EMPTY unless `force`. A forced delete
+  // whose unmaps or releases fail succeeds; the pool becomes an orphan.
   absl::Status DeletePool(const std::string& name, bool force)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Backend handles held by deleted pools, waiting to be released.
+  int64_t orphaned_handles() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Wakes the background worker.
   void Kick() ABSL_LOCKS_EXCLUDED(worker_mu_);
@@ -114,6 +125,9 @@ class Broker {
   Broker(Backend* backend, BrokerOptions options);
   void WorkerLoop() ABSL_LOCKS_EXCLUDED(worker_mu_);
   void Notify(const std::string& pool) const;
+  // Shuts `pool` down (force); an orphan when handles remain. True when
+  // everything was released.
+  bool Retire(const std::shared_ptr<PagePool>& pool) ABSL_LOCKS_EXCLUDED(mu_);
 
   Backend* const backend_;
   const BrokerOptions options_;
@@ -125,6 +139,8 @@ class Broker {
   // 1 + the highest final generation of a pool deleted so far: the least
   // generation a new pool may start at.
   uint64_t generation_floor_ ABSL_GUARDED_BY(mu_) = 1;
+  // Deleted pools still holding backend handles (see "Orphans" above).
+  std::vector<std::shared_ptr<PagePool>> orphans_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex worker_mu_;
   bool stop_ ABSL_GUARDED_BY(worker_mu_) = false;

@@ -13,35 +13,34 @@ namespace kvbroker {
 BundleMapper::BundleMapper(const Geometry* geometry, Backend* backend)
     : geometry_(geometry),
       backend_(backend),
-      handles_(geometry->page_count().value() * geometry->device_count()),
-      fds_(handles_.size(), -1) {}
+      slots_(geometry->page_count().value() * geometry->device_count()) {}
 
 BundleMapper::~BundleMapper() {
-  for (int& fd : fds_) {
-    if (fd >= 0) close(fd);
-    fd = -1;
+  for (Slot& slot : slots_) {
+    if (slot.fd >= 0) close(slot.fd);
+    slot.fd = -1;
   }
 }
 
 absl::StatusOr<int> BundleMapper::Export(PageId p, int device_index) {
-  const size_t slot = p * geometry_->device_count() + device_index;
-  if (fds_[slot] >= 0) return fds_[slot];
+  Slot& slot = slots_[p * geometry_->device_count() + device_index];
+  if (slot.fd >= 0) return slot.fd;
   absl::StatusOr<int> fd = backend_->ExportHandle(
-      geometry_->devices()[device_index], handles_[slot]);
+      geometry_->devices()[device_index], slot.handle);
   if (!fd.ok()) return fd.status();
-  fds_[slot] = *fd;
+  slot.fd = *fd;
   return *fd;
 }
 
 int64_t BundleMapper::exported_fds() const {
-  return std::count_if(fds_.begin(), fds_.end(),
-                       [](int fd) { return fd >= 0; });
+  return std::count_if(slots_.begin(), slots_.end(),
+                       [](const Slot& slot) { return slot.fd >= 0; });
 }
 
 void BundleMapper::CloseFds(PageId p) {
   const int n = geometry_->device_count();
   for (int i = 0; i < n; ++i) {
-    int& fd = fds_[p * n + i];
+    int& fd = slots_[p * n + i].fd;
     if (fd >= 0) close(fd);
     fd = -1;
   }
@@ -78,27 +77,23 @@ BundleMapper::MapOutcome BundleMapper::Map(PageId p) {
   const uint64_t offset = g.page_offset(p).value();
   const int n = g.device_count();
   const absl::Time start = absl::Now();
-  // Steps done so far on the device being mapped: 0 none, 1 created,
-  // 2 mapped. Devices before it are fully done.
-  int done_devices = 0;
-  int step = 0;
   absl::Status error;
-  for (; done_devices < n; ++done_devices) {
-    const int dev = g.devices()[done_devices];
-    const uint64_t va = ranges_[done_devices].base + offset;
-    step = 0;
+  for (int i = 0; i < n && error.ok(); ++i) {
+    const int dev = g.devices()[i];
+    const uint64_t va = ranges_[i].base + offset;
+    Slot& slot = slots_[p * n + i];
     absl::StatusOr<PhysicalHandle> h = backend_->Create(dev, size);
     if (!h.ok()) {
       error = h.status();
       break;
     }
-    handles_[p * n + done_devices] = *h;
-    step = 1;
+    slot.handle = *h;
+    slot.step = Step::kCreated;
+    held_handles_.fetch_add(1, std::memory_order_relaxed);
     error = backend_->Map(dev, va, size, *h);
     if (!error.ok()) break;
-    step = 2;
+    slot.step = Step::kMapped;
     error = backend_->SetAccess(dev, va, size);
-    if (!error.ok()) break;
   }
   MapOutcome out;
   if (error.ok()) {
@@ -106,42 +101,62 @@ BundleMapper::MapOutcome BundleMapper::Map(PageId p) {
     return out;
   }
   out.status = error;
-  CloseFds(p);
-  // Unwind in reverse: the failing device's finished steps, then every
-  // earlier device.
-  for (int i = done_devices; i >= 0; --i) {
-    const int dev = g.devices()[i];
-    const uint64_t va = ranges_[i].base + offset;
-    const int steps = (i == done_devices) ? step : 2;
-    if (steps >= 2 && !backend_->Unmap(dev, va, size).ok()) {
-      out.unwound = false;
-      continue;  // a handle still mapped must not be released
-    }
-    if (steps >= 1 && !backend_->Release(dev, handles_[p * n + i]).ok()) {
-      out.unwound = false;
-    }
-  }
+  out.unwound = Undo(p).ok();
   return out;
 }
 
-absl::Status BundleMapper::Unmap(PageId p, absl::Duration* took) {
+absl::Status BundleMapper::Undo(PageId p) {
+  // The exported fds go with the handles, whether or not the release
+  // succeeds: an importer's mapping keeps the memory alive on its own.
+  CloseFds(p);
   const Geometry& g = *geometry_;
   const Bytes size = g.bundle_bytes();
   const uint64_t offset = g.page_offset(p).value();
   const int n = g.device_count();
-  const absl::Time start = absl::Now();
-  // The exported fds go with the handles, whether or not the release
-  // succeeds: an importer's mapping keeps the memory alive on its own.
-  CloseFds(p);
   absl::Status first;
   for (int i = n - 1; i >= 0; --i) {
     const int dev = g.devices()[i];
-    absl::Status s = backend_->Unmap(dev, ranges_[i].base + offset, size);
-    if (s.ok()) s = backend_->Release(dev, handles_[p * n + i]);
+    Slot& slot = slots_[p * n + i];
+    absl::Status s;
+    if (slot.step == Step::kMapped) {
+      s = backend_->Unmap(dev, ranges_[i].base + offset, size);
+      if (s.ok()) slot.step = Step::kCreated;
+    }
+    if (slot.step == Step::kCreated) {
+      s = backend_->Release(dev, slot.handle);
+      if (s.ok()) {
+        slot = Slot();
+        held_handles_.fetch_sub(1, std::memory_order_relaxed);
+      }
+    }
     if (!s.ok() && first.ok()) first = s;
   }
-  if (first.ok()) *took = absl::Now() - start;
   return first;
+}
+
+absl::Status BundleMapper::Unmap(PageId p, absl::Duration* took) {
+  const absl::Time start = absl::Now();
+  absl::Status s = Undo(p);
+  if (s.ok()) *took = absl::Now() - start;
+  return s;
+}
+
+bool BundleMapper::holds(PageId p) const {
+  const int n = geometry_->device_count();
+  for (int i = 0; i < n; ++i) {
+    if (slots_[p * n + i].step != Step::kNone) return true;
+  }
+  return false;
+}
+
+int64_t BundleMapper::ReleaseHeld() {
+  int64_t still_held = 0;
+  const int64_t pages = geometry_->page_count().value();
+  for (PageId p = 0; p < pages && held_handles() > 0; ++p) {
+    if (!holds(p)) continue;
+    if (!Undo(p).ok()) ++still_held;
+  }
+  return still_held;
 }
 
 }  // namespace kvbroker

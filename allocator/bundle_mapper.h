@@ -2,22 +2,27 @@
 // range on each of its devices and runs, per page id, the transaction that
 // backs a page with memory: create -> map -> set access on every device of
 // the pool, unwound in reverse when a step fails; and its reverse, unmap ->
-// release, last device first. It keeps the physical handle of every mapped
-// page and touches no other pool state (docs/design.md, "The mapping
-// transaction"). For engines (SPEC section 10) it also keeps, per page and
-// device, the fd its handle was exported as: exported at most once, at the
-// first Export, and closed when the handle is released (Unmap, an unwound
-// Map, the destructor), whatever the path.
+// release, last device first. It keeps the physical handle of every page on
+// every device, with how far that handle got (created, mapped), so that no
+// handle is ever forgotten: a step that fails leaves its handle recorded,
+// and a later Unmap or ReleaseHeld retries exactly the steps still owed. It
+// touches no other pool state (docs/design.md, "The mapping transaction").
+// For engines (SPEC section 10) it also keeps, per page and device, the fd
+// its handle was exported as: exported at most once, at the first Export,
+// and closed when the handle's page is unmapped or unwound, or the mapper is
+// destroyed, whatever the path.
 //
 // Thread safety: calls for different page ids may run at the same time, on
 // any threads, without a lock: each page id has its own handle slots, fixed
 // at construction. Calls for one page id must not overlap; the pool
 // guarantees it by holding the page in flight (MAPPING) while a call runs.
-// ReserveRanges and FreeRanges run alone, before and after everything else.
+// ReserveRanges, FreeRanges and ReleaseHeld run alone, before and after
+// everything else. held_handles() may be read at any time.
 
 #ifndef KVBROKER_ALLOCATOR_BUNDLE_MAPPER_H_
 #define KVBROKER_ALLOCATOR_BUNDLE_MAPPER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -35,7 +40,8 @@ class BundleMapper {
   struct MapOutcome {
     absl::Status status;  // of the step that failed; OK when mapped
     // Whether every step done before the failure was undone. When false,
-    // some device memory of the page is still held (and cannot be reused).
+    // some device memory of the page is still held: holds(p) is true until
+    // an Unmap or ReleaseHeld undoes the rest.
     bool unwound = true;
     absl::Duration took;  // of a successful mapping
   };
@@ -52,7 +58,7 @@ class BundleMapper {
   // nothing. On failure returns the backend's error, with `failed_device`
   // set to the device ordinal that refused.
   absl::Status ReserveRanges(int* failed_device);
-  // Frees the ranges. REQUIRES: no page is mapped.
+  // Frees the ranges. REQUIRES: no handle is held (held_handles() == 0).
   void FreeRanges();
   bool has_ranges() const { return !ranges_.empty(); }
   // Base address of the range on the pool's `device_index`-th device.
@@ -62,11 +68,13 @@ class BundleMapper {
 
   // Create -> map -> set access of page p on every device of the pool. On
   // failure the steps already done are undone in reverse (see MapOutcome).
-  // REQUIRES: page p is not mapped.
+  // REQUIRES: !holds(p).
   MapOutcome Map(PageId p);
-  // Unmap -> release of page p on every device, last device first; a handle
-  // whose unmap failed is not released. Returns the first error; `took` is
-  // set when every step succeeded. REQUIRES: page p is mapped.
+  // Unmap -> release of whatever page p still holds on each device, last
+  // device first; a handle whose unmap failed is not released (it stays
+  // held, mapped, for the next attempt). Returns the first error; `took` is
+  // set when every step succeeded. Calling it again after an error retries
+  // only the steps still owed.
   absl::Status Unmap(PageId p, absl::Duration* took);
 
   // The fd page p's handle on the pool's `device_index`-th device is
@@ -79,18 +87,40 @@ class BundleMapper {
   // Exported fds open now, for tests and leak checks.
   int64_t exported_fds() const;
 
+  // Whether any device of page p still holds a handle (mapped, or created
+  // and not yet released).
+  bool holds(PageId p) const;
+  // Unmaps and releases every page that holds anything. Returns the pages
+  // that still hold a handle afterwards (their steps failed again).
+  int64_t ReleaseHeld();
+  // Backend handles created and not yet released, over every page.
+  int64_t held_handles() const {
+    return held_handles_.load(std::memory_order_relaxed);
+  }
+
  private:
   // Closes page p's exported fds (its handles are being released).
   void CloseFds(PageId p);
+  // How far one page's handle on one device got. Only forward steps and
+  // their exact reverses change it, each after the backend call succeeded.
+  enum class Step : uint8_t { kNone, kCreated, kMapped };
+  struct Slot {
+    PhysicalHandle handle;  // valid unless step == kNone
+    Step step = Step::kNone;
+    // The handle's exported fd, or -1 (see the class comment).
+    int fd = -1;
+  };
+
+  // The reverse steps owed by page p's slots, last device first.
+  absl::Status Undo(PageId p);
 
   const Geometry* const geometry_;
   Backend* const backend_;
   std::vector<VirtualRange> ranges_;  // one per device of the pool
-  // handles_[p * devices + i]: page p's allocation on the pool's i-th device.
-  std::vector<PhysicalHandle> handles_;
-  // fds_[p * devices + i]: the exported fd of handles_[p * devices + i], or
-  // -1. Owned by whoever owns the page's handles (see the class comment).
-  std::vector<int> fds_;
+  // slots_[p * devices + i]: page p's allocation on the pool's i-th device.
+  std::vector<Slot> slots_;
+  // Slots whose step is not kNone.
+  std::atomic<int64_t> held_handles_{0};
 };
 
 }  // namespace kvbroker

@@ -84,6 +84,43 @@ TEST(BundleMapperTest, FailureOnSecondDeviceUnwindsTheFirst) {
   EXPECT_FALSE(m.status.ok());
   EXPECT_FALSE(m.unwound);
   EXPECT_EQ(rig.host.live_handles(), 1);  // device 0's, still mapped
+  EXPECT_TRUE(mapper.holds(1));
+  EXPECT_EQ(mapper.held_handles(), 1);
+}
+
+TEST(BundleMapperTest, HandlesOfFailedStepsAreKeptAndRetried) {
+  Rig rig;
+  const Geometry g = MakeGeometry({0, 1}, 4);
+  BundleMapper mapper(&g, &rig.backend);
+  int failed = -1;
+  ASSERT_TRUE(mapper.ReserveRanges(&failed).ok());
+  // A map whose unwind fails: device 0 stays mapped.
+  rig.backend.AddFault(FaultRule{BackendOp::kMap, FaultKind::kError, 1, 1});
+  rig.backend.AddFault(FaultRule{BackendOp::kUnmap, FaultKind::kError, 1, 0});
+  EXPECT_FALSE(mapper.Map(1).unwound);
+  // An unmap whose release fails on device 1: that handle stays, unmapped.
+  ASSERT_TRUE(mapper.Map(2).status.ok());
+  rig.backend.AddFault(FaultRule{BackendOp::kRelease, FaultKind::kError, 1, 1});
+  absl::Duration took;
+  EXPECT_FALSE(mapper.Unmap(2, &took).ok());
+  EXPECT_TRUE(mapper.holds(2));
+  EXPECT_EQ(mapper.held_handles(), 2);
+  EXPECT_EQ(rig.host.live_handles(), 2);
+  EXPECT_FALSE(mapper.holds(0));
+  EXPECT_FALSE(mapper.holds(3));
+
+  // A retry does only what is owed: page 1 unmaps and releases device 0's
+  // handle, page 2 releases device 1's (no second unmap, no double release).
+  const int64_t unmaps = rig.backend.calls(BackendOp::kUnmap);
+  const int64_t releases = rig.backend.calls(BackendOp::kRelease);
+  EXPECT_EQ(mapper.ReleaseHeld(), 0);
+  EXPECT_EQ(rig.backend.calls(BackendOp::kUnmap), unmaps + 1);
+  EXPECT_EQ(rig.backend.calls(BackendOp::kRelease), releases + 2);
+  EXPECT_EQ(mapper.held_handles(), 0);
+  EXPECT_EQ(rig.host.live_handles(), 0);
+  EXPECT_FALSE(mapper.holds(1));
+  EXPECT_FALSE(mapper.holds(2));
+  mapper.FreeRanges();
 }
 
 TEST(BundleMapperTest, RangeReservationIsAllOrNothing) {

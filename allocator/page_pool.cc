@@ -95,7 +95,7 @@ absl::Status PagePool::Init() {
       WithoutLock([&] {
         m = mapper_.Map(p);
         if (!m.status.ok()) {
-          budgets_->Uncharge(g.devices(), g.bundle_bytes(), 1);
+          if (m.unwound) budgets_->Uncharge(g.devices(), g.bundle_bytes(), 1);
           (void)budgets_->RefreshAll();
         } else {
           announcer_.Announce({p});
@@ -103,6 +103,7 @@ absl::Status PagePool::Init() {
       });
       --calls_in_flight_;
       if (!m.status.ok()) {
+        if (!m.unwound) ++stranded_pages_;
         ledger_.AbortMap({p});
         result = MappingErrorLocked(m, 1, &epi.log);
       } else {
@@ -118,7 +119,15 @@ absl::Status PagePool::Init() {
   return result;
 }
 
-PagePool::~PagePool() { (void)Shutdown(/*force=*/true); }
+PagePool::~PagePool() {
+  (void)Shutdown(/*force=*/true);
+  if (const int64_t left = mapper_.held_handles(); left > 0) {
+    std::fprintf(stderr,
+                 "kvbroker: pool %s destroyed holding %lld backend handle(s) "
+                 "that could not be released\n",
+                 name().c_str(), static_cast<long long>(left));
+  }
+}
 
 absl::Status PagePool::Shutdown(bool force) {
   absl::MutexLock lock(&mu_);
@@ -139,37 +148,57 @@ absl::Status PagePool::Shutdown(bool force) {
       +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
   shut_down_ = true;
   // From here every call answers POOL_NOT_FOUND and leaves the pages alone.
-  std::vector<Unmap> pages;
+  // Engines that still map revoked pages keep their memory alive through
+  // their own imports; the pool's handles go now.
+  std::vector<PageId> announced;
   for (PageId p = 0; p < geometry_.page_count().value(); ++p) {
     const PageState s = ledger_.page(p).state;
     if (s == PageState::kIdle || s == PageState::kOpen ||
         s == PageState::kFull || revoking_.contains(p)) {
-      pages.push_back({p});
+      announced.push_back(p);
     }
   }
-  // Engines that still map revoked pages keep their memory alive through
-  // their own imports; the pool's handles go now.
   revoking_.clear();
-  int64_t leaked = 0;
   WithoutLock([&] {
-    std::vector<PageId> ids;
-    for (const Unmap& u : pages) ids.push_back(u.page);
-    announcer_.Withdraw(ids);
+    announcer_.Withdraw(announced);
     announcer_.CancelRevocations();
-    for (Unmap& u : pages) {
-      u.status = mapper_.Unmap(u.page, &u.took);
-      if (!u.status.ok()) ++leaked;
-    }
-    if (leaked == 0) mapper_.FreeRanges();
   });
-  budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(),
-                     static_cast<int64_t>(pages.size()) - leaked);
-  if (leaked > 0) {
-    return absl::InternalError(absl::StrCat("pool ", name(), ": ", leaked,
-                                            " page(s) could not be unmapped"));
+  // The mapped pages and the stranded ones are exactly what is charged.
+  charged_after_shutdown_ = ledger_.mapped_pages().value() + stranded_pages_;
+  stranded_pages_ = 0;
+  const int64_t held = ReleaseLeftoversLocked();
+  if (held > 0) {
+    return absl::InternalError(
+        absl::StrCat("pool ", name(), ": ", held,
+                     " page(s) could not be unmapped and released; their ",
+                     mapper_.held_handles(), " handle(s) are kept for retry"));
   }
   return absl::OkStatus();
 }
+
+int64_t PagePool::ReleaseLeftovers() {
+  absl::MutexLock lock(&mu_);
+  if (!shut_down_) return 0;
+  return ReleaseLeftoversLocked();
+}
+
+int64_t PagePool::ReleaseLeftoversLocked() {
+  if (releasing_) return charged_after_shutdown_;
+  if (mapper_.held_handles() == 0 && !mapper_.has_ranges()) return 0;
+  releasing_ = true;
+  int64_t held = 0;
+  WithoutLock([&] {
+    held = mapper_.ReleaseHeld();
+    if (held == 0 && mapper_.has_ranges()) mapper_.FreeRanges();
+  });
+  releasing_ = false;
+  budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(),
+                     std::max<int64_t>(0, charged_after_shutdown_ - held));
+  charged_after_shutdown_ = held;
+  return held;
+}
+
+int64_t PagePool::backend_handles() const { return mapper_.held_handles(); }
 
 // ---------------------------------------------------------------------------
 // The one place the lock is dropped mid-call.
@@ -219,6 +248,7 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
   std::vector<BundleMapper::MapOutcome> outcomes;
   size_t failed_at = fresh.size();
   bool unwound = true;
+  int64_t stranded = 0;
   ++calls_in_flight_;
   WithoutLock([&] {
     outcomes.reserve(fresh.size());
@@ -226,16 +256,15 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
       outcomes.push_back(mapper_.Map(fresh[i]));
       if (outcomes.back().status.ok()) continue;
       failed_at = i;
-      // Roll back this call's earlier pages, newest first. The budget of
-      // pages a failed unwind still holds stays charged.
+      // Roll back this call's earlier pages, newest first. Pages that still
+      // hold a handle afterwards stay charged (stranded).
       for (size_t j = i; j-- > 0;) {
         absl::Duration took;
         if (!mapper_.Unmap(fresh[j], &took).ok()) unwound = false;
       }
-      const int64_t n = static_cast<int64_t>(fresh.size());
-      budgets_->Uncharge(
-          geometry_.devices(), geometry_.bundle_bytes(),
-          unwound && outcomes.back().unwound ? n : n - static_cast<int64_t>(i));
+      for (size_t j = 0; j <= i; ++j) stranded += mapper_.holds(fresh[j]);
+      budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(),
+                         static_cast<int64_t>(fresh.size()) - stranded);
       // Every mapping failure refreshes the driver's view (after the
       // uncharge, so that the refresh does not count this call's pages).
       (void)budgets_->RefreshAll();
@@ -278,6 +307,7 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
   // pages' blocks and the reservation's blocks back.
   BundleMapper::MapOutcome m = outcomes[failed_at];
   if (!unwound) m.unwound = false;
+  stranded_pages_ += stranded;
   ledger_.AbortMap(fresh);
   std::vector<BlockId> mapped_blocks(
       acq->blocks.begin() + acq->from_reservation.size(), acq->blocks.end());
@@ -388,6 +418,16 @@ int64_t PagePool::LandUnmapsLocked(std::vector<Unmap>* unmaps,
   // A page that could not leave still counts against the limit.
   if (any_failed && ledger_.admitted_pages().value() > target_pages_) {
     limit_state_ = LimitState::kDeferred;
+  }
+  // Another call's unmap may have failed (deferring the limit) while this
+  // call's pages were in flight to the FREE list: while over the target
+  // they are reclaimed instead, as a lowered limit would have.
+  if (limit_state_ == LimitState::kDeferred) {
+    while (ledger_.admitted_pages().value() > target_pages_ &&
+           ledger_.free_pages().value() > 0) {
+      ledger_.ReclaimFreeBack();
+    }
+    SettleLimitLocked();
   }
   if (landed > 0) BumpGenerationLocked();
   return landed;
@@ -890,6 +930,7 @@ bool PagePool::PreallocStep() {
       BumpGenerationLocked();
       more = ledger_.idle_pages_listed().value() < options_.min_idle_pages;
     } else {
+      if (!m.unwound) ++stranded_pages_;
       ledger_.AbortMap({p});
       (void)MappingErrorLocked(m, 0, &epi.log);  // FAILED when it must be
     }

@@ -173,10 +173,22 @@ class PagePool {
   void ExpireReservations() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Releases everything. Without `force`, refuses (POOL_NOT_EMPTY) while
-  // blocks are allocated or reserved. After it succeeds every call returns
-  // POOL_NOT_FOUND. Errors: POOL_NOT_EMPTY; INTERNAL when pages could not be
-  // unmapped (they are then leaked, and logged).
+  // blocks are allocated or reserved. Otherwise the pool is shut down: every
+  // call returns POOL_NOT_FOUND from then on. Errors: POOL_NOT_EMPTY;
+  // INTERNAL when some pages could not be unmapped and released: the pool
+  // is shut down all the same, still owns their handles (backend_handles()
+  // > 0, still charged to the device budgets) and ReleaseLeftovers retries
+  // them.
   absl::Status Shutdown(bool force) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a Shutdown that returned INTERNAL: retries the unmaps and releases
+  // still owed, uncharges the pages that come back, and frees the address
+  // ranges once nothing is held. Returns the pages still holding a handle
+  // (0 also before Shutdown, or while another retry runs).
+  int64_t ReleaseLeftovers() ABSL_LOCKS_EXCLUDED(mu_);
+  // Backend handles the pool holds now: every device of its mapped pages,
+  // plus those of failed rollbacks and unmaps still to be released. Never
+  // blocks.
+  int64_t backend_handles() const;
 
   PoolStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -343,6 +355,9 @@ class PagePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkFailedLocked(const std::string& why, bool device_lost,
                         std::string* log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After shut_down_: mapper_.ReleaseHeld without the lock, then the
+  // uncharge; returns the pages still held.
+  int64_t ReleaseLeftoversLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- reservations and idempotency ---
   // Releases the reservations whose time has come and finishes the unmaps
@@ -402,6 +417,15 @@ class PagePool {
   // SetMemoryLimit wait for none.
   int64_t calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool prealloc_running_ ABSL_GUARDED_BY(mu_) = false;
+  // Pages the ledger lists FREE whose failed rollback left handles in the
+  // mapper (the pool is FAILED, so they are never mapped again). They stay
+  // charged to the device budgets until released at shutdown.
+  int64_t stranded_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  // After shut_down_: the pages still charged, i.e. still holding a handle
+  // in mapper_; ReleaseLeftovers brings it to 0.
+  int64_t charged_after_shutdown_ ABSL_GUARDED_BY(mu_) = 0;
+  // A ReleaseLeftovers is running without the lock.
+  bool releasing_ ABSL_GUARDED_BY(mu_) = false;
   // Blocks held as reserved by a Reserve in flight (no reservation yet).
   int64_t reserving_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no

@@ -22,9 +22,14 @@
 //   - the pool's allocated or reserved count differs from the ledger
 //     (a failed call changed something, or a successful one did more);
 //   - a refusal is not typed (no kvbroker ErrorInfo with a known reason);
-//   - a successful reply contradicts its request (count, id range, order).
-// Every pool is force-deleted and every fault cleared after each input, so
-// inputs are independent. Strings are valid UTF-8: a proto3 string that is
+//   - a successful reply contradicts its request (count, id range, order);
+//   - the backend holds a handle that neither a pool nor the broker's
+//     orphans account for (exactly; FAILED pools included), or, while every
+//     pool is healthy, other than the pools' mapped pages;
+//   - a delete leaves handles that are not the broker's orphans.
+// Every pool is force-deleted, every fault cleared and the orphans released
+// after each input (the backend must then hold nothing), so inputs are
+// independent. Strings are valid UTF-8: a proto3 string that is
 // not does not parse as a request, so it tests gRPC's framing, not the
 // service (raw bytes on the wire are the metrics driver's job).
 
@@ -130,21 +135,17 @@ std::unique_ptr<grpc::ClientContext> Context() {
 
 // KVB_FUZZ_TRACE=1: one line per call on stderr, to read a failing input.
 const bool kTrace = std::getenv("KVB_FUZZ_TRACE") != nullptr;
-// KVB_FUZZ_STRICT=1: the known defects of docs/reliability.md fail too.
-const bool kStrict = std::getenv("KVB_FUZZ_STRICT") != nullptr;
 
 // Calls made and refused, per RPC, over the process; printed at exit so
 // that a campaign can say how many requests each RPC received.
 struct RpcCounts {
   std::map<std::string, std::pair<int64_t, int64_t>> calls;
-  // Inputs that met a known, documented defect (tolerated unless
-  // KVB_FUZZ_STRICT is set).
-  std::map<std::string, int64_t> known;
+  // Deletes that left handles to the broker's orphans, and inputs after
+  // which a maintenance pass released them.
+  int64_t orphaning_deletes = 0;
   ~RpcCounts() {
-    for (const auto& [what, n] : known) {
-      std::fprintf(stderr, "known_finding: %s: %lld inputs\n", what.c_str(),
-                   static_cast<long long>(n));
-    }
+    std::fprintf(stderr, "orphaning_deletes: %lld\n",
+                 static_cast<long long>(orphaning_deletes));
     for (const auto& [rpc, n] : calls) {
       std::fprintf(stderr, "rpc_count: %s %lld calls, %lld refused\n",
                    rpc.c_str(), static_cast<long long>(n.first),
@@ -205,29 +206,21 @@ class Program {
     }
   }
 
-  // Deletes every pool and clears the faults, whatever the program did.
+  // Deletes every pool, clears the faults and releases the orphans,
+  // whatever the program did; the backend must then hold nothing.
   void Cleanup() {
     w_->backend.ClearFaults();
-    for (const std::shared_ptr<PagePool>& pool :
-         w_->daemon->broker()->ListPools()) {
-      (void)w_->daemon->broker()->DeletePool(pool->name(), /*force=*/true);
+    Broker* broker = w_->daemon->broker();
+    for (const std::shared_ptr<PagePool>& pool : broker->ListPools()) {
+      (void)broker->DeletePool(pool->name(), /*force=*/true);
     }
-    const int64_t extra = w_->host.live_handles() - known_leaked_handles;
-    if (extra != 0) {
-      if (extra < 0 || !saw_failed_pool_ || kStrict) {
-        Die(absl::StrCat("backend holds ", extra,
-                         " handles no pool accounts for after every pool "
-                         "was deleted"));
-      }
-      // Known (docs/reliability.md, open findings): a pool that FAILED
-      // because a rollback's unmap failed forgets that page's handles.
-      known_leaked_handles += extra;
-      ++rpc_counts.known["handles left by a FAILED pool's rollback"];
+    broker->RunMaintenance();
+    if (w_->host.live_handles() != 0 || broker->orphaned_handles() != 0) {
+      Die(absl::StrCat("backend holds ", w_->host.live_handles(), " handles (",
+                       broker->orphaned_handles(),
+                       " orphaned) after every pool was deleted"));
     }
   }
-
-  // Handles leaked by deletes that met a backend fault, over the process.
-  static inline int64_t known_leaked_handles = 0;
 
  private:
   std::string PoolName() {
@@ -587,28 +580,27 @@ class Program {
     v1::DeletePoolRequest r;
     r.set_pool(PoolName());
     r.set_force(in_->Range(0, 2) == 0);
-    // The handles the pool accounts for, to see what deleting it returns.
+    // The handles the pool holds, to see what deleting it returns.
+    Broker* broker = w_->daemon->broker();
     const int64_t live_before = w_->host.live_handles();
+    const int64_t orphaned_before = broker->orphaned_handles();
     int64_t pool_handles = 0;
-    if (auto pool = w_->daemon->broker()->GetPool(r.pool()); pool.ok()) {
-      pool_handles = MappedHandles(**pool);
+    if (auto pool = broker->GetPool(r.pool()); pool.ok()) {
+      pool_handles = (*pool)->backend_handles();
     }
     v1::DeletePoolResponse resp;
     grpc::Status s = w_->stub->DeletePool(Context().get(), r, &resp);
     CheckTyped("DeletePool", s);
     Ledger* l = Find(r.pool());
     if (!s.ok()) return;
-    const int64_t leaked =
-        w_->host.live_handles() - (live_before - pool_handles);
-    if (leaked != 0) {
-      if (kStrict || leaked < 0) {
-        Die(absl::StrCat("DeletePool left ", leaked, " handles behind"));
-      }
-      // Known (docs/reliability.md, open findings): a delete whose unmap
-      // or release fails still succeeds and forgets the page's handle.
-      known_leaked_handles += leaked;
-      ++rpc_counts.known["handles left by a delete that met a fault"];
+    // What the delete could not release is now the orphans'.
+    const int64_t left = w_->host.live_handles() - (live_before - pool_handles);
+    const int64_t orphaned = broker->orphaned_handles() - orphaned_before;
+    if (left != orphaned || left < 0) {
+      Die(absl::StrCat("DeletePool left ", left, " handles behind; ", orphaned,
+                       " became orphans"));
     }
+    rpc_counts.orphaning_deletes += left > 0;
     if (l == nullptr) Die("DeletePool succeeded on a pool never created");
     if (!r.force() && (!l->owned.empty() || l->reserved() > 0)) {
       Die("DeletePool without force deleted a pool with blocks held");
@@ -680,7 +672,9 @@ class Program {
 
   // After every step: invariants and the ledger, on every pool.
   void CheckAll() {
-    int64_t handles = known_leaked_handles;
+    const int64_t orphaned = w_->daemon->broker()->orphaned_handles();
+    int64_t handles = orphaned;  // by the ledgers' mapped pages
+    int64_t held = orphaned;     // by what each pool holds
     bool all_healthy = true;
     for (const std::shared_ptr<PagePool>& pool :
          w_->daemon->broker()->ListPools()) {
@@ -702,21 +696,25 @@ class Program {
                          " and ", l->reserved()));
       }
       handles += MappedHandles(*pool);
+      held += pool->backend_handles();
       all_healthy &= pool->healthy();
-      saw_failed_pool_ |= !pool->healthy();
     }
-    // A FAILED pool may hold handles of a rollback it could not finish
-    // outside its page counts; Cleanup checks that deleting it returns them.
-    if (all_healthy && w_->host.live_handles() != handles) {
+    if (w_->host.live_handles() != held) {
       Die(absl::StrCat("backend holds ", w_->host.live_handles(),
-                       " handles; the pools account for ", handles));
+                       " handles; the pools and orphans hold ", held));
+    }
+    // A FAILED pool may hold handles of a rollback or unmap it could not
+    // finish beyond (or within) its mapped page counts.
+    if (all_healthy && held != handles) {
+      Die(absl::StrCat("backend holds ", w_->host.live_handles(),
+                       " handles; the pools' mapped pages account for ",
+                       handles));
     }
   }
 
   World* const w_;
   ByteReader* const in_;
   std::map<std::string, Ledger> ledgers_;
-  bool saw_failed_pool_ = false;
   int64_t revision_ = 0;
 };
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,7 @@
 #include "server/proto_convert.h"
 #include "server/reflection_v1.h"
 #include "server/unix_socket.h"
+#include "server/unparsable_request.h"
 
 namespace kvbroker {
 namespace {
@@ -120,6 +122,11 @@ absl::Status Daemon::Start() {
     builder.RegisterService(extra);
   }
   builder.SetOption(MakeReflectionV1Option());
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(NewUnparsableRequestInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || (!options_.listen.empty() && tcp_port_ == 0)) {
     server_.reset();
@@ -191,7 +198,9 @@ void Daemon::Drain() {
   stop_health_.Notify();
   const absl::Time start = absl::Now();
   const absl::Time drain_deadline = start + options_.drain_timeout;
-  if (const int64_t left = service_->AwaitCallsDone(drain_deadline); left > 0) {
+  if (const int64_t left =
+          service_->AwaitQuiet(options_.drain_quiet, drain_deadline);
+      left > 0) {
     LogLine("%d call(s) still running after %s; cancelling them", left,
             absl::FormatDuration(options_.drain_timeout));
   }

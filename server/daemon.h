@@ -60,6 +60,10 @@ struct DaemonOptions {
   std::string unix_socket;
   // How long Drain lets in-flight calls finish before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(10);
+  // Drain keeps answering DRAINING until no call has arrived for this long
+  // (within drain_timeout): calls clients sent before the drain began get a
+  // typed answer instead of gRPC's CANCELLED for a server shutting down.
+  absl::Duration drain_quiet = absl::Milliseconds(250);
   // How often health re-reads Broker::healthy().
   absl::Duration health_interval = absl::Milliseconds(200);
   // Credentials of the TCP listener (TLS, mutual TLS); null: plaintext. The
@@ -114,9 +118,10 @@ class Daemon {
 
   // SIGTERM behaviour: health NOT_SERVING, WatchCapacity streams end (OK),
   // every new call is refused with DRAINING (UNAVAILABLE with RetryInfo,
-  // never run), calls already running get `drain_timeout` to finish, then
-  // the server shuts down (cancelling what still runs, which a bounded
-  // Alloc never does). Returns when the server has stopped. Idempotent.
+  // never run), calls already running get `drain_timeout` to finish, and
+  // refusals go on until arrivals pause for `drain_quiet`; then the server
+  // shuts down (cancelling what still runs, which a bounded Alloc never
+  // does). Returns when the server has stopped. Idempotent.
   void Drain() ABSL_LOCKS_EXCLUDED(drain_mu_, mu_);
 
   Broker* broker() { return broker_.get(); }

@@ -6,7 +6,10 @@
 // typed DRAINING failure (UNAVAILABLE, RetryInfo), so a call arriving
 // during the drain gets an answer a client can act on instead of being
 // cancelled by the server's shutdown. AwaitIdle() waits for the admitted
-// calls to finish; the daemon shuts the gRPC server down only then.
+// calls to finish, and AwaitQuiet() also for a pause in arrivals: gRPC
+// cancels a call that reaches a server already shutting down, so the
+// daemon shuts the gRPC server down only once the calls clients had sent
+// before they learnt of the drain have been answered.
 //
 // Thread safety: thread-safe.
 
@@ -52,6 +55,11 @@ class DrainGate {
   // Waits until no admitted call remains or `deadline` passes; returns the
   // number still running.
   int64_t AwaitIdle(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until no admitted call remains and no call (admitted or refused)
+  // has arrived for `quiet`, or until `deadline`; returns the number of
+  // admitted calls still running.
+  int64_t AwaitQuiet(absl::Duration quiet, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Leave() ABSL_LOCKS_EXCLUDED(mu_);
@@ -59,6 +67,10 @@ class DrainGate {
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  // Calls that entered, admitted or refused, and when the last one did (or
+  // when the gate closed, if later).
+  int64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_arrival_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace kvbroker

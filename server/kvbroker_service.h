@@ -86,6 +86,11 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   int64_t AwaitCallsDone(absl::Time deadline) {
     return gate_.AwaitIdle(deadline);
   }
+  // The same, then also until no call has arrived for `quiet` (or
+  // `deadline`): see DrainGate::AwaitQuiet.
+  int64_t AwaitQuiet(absl::Duration quiet, absl::Time deadline) {
+    return gate_.AwaitQuiet(quiet, deadline);
+  }
 
   KvBrokerService(const KvBrokerService&) = delete;
   KvBrokerService& operator=(const KvBrokerService&) = delete;

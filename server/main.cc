@@ -107,6 +107,10 @@ ABSL_FLAG(kvbroker::ByteSize, host_device_memory,
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "On SIGTERM/SIGINT: how long in-flight calls may take to finish "
           "before they are cancelled.");
+ABSL_FLAG(absl::Duration, drain_quiet, absl::Milliseconds(250),
+          "On SIGTERM/SIGINT: calls arriving are refused with DRAINING until "
+          "none has arrived for this long (within --drain_timeout); only then "
+          "does the server shut down.");
 
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain of the TCP listener. With --tls_key, the TCP "
@@ -204,6 +208,9 @@ absl::Status CheckFlags() {
   }
   if (absl::GetFlag(FLAGS_revoke_deadline) <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--revoke_deadline must be positive");
+  }
+  if (absl::GetFlag(FLAGS_drain_quiet) < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain_quiet must not be negative");
   }
   if (absl::GetFlag(FLAGS_drain_timeout) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout must not be negative");
@@ -322,6 +329,7 @@ int Run() {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.drain_quiet = absl::GetFlag(FLAGS_drain_quiet);
   options.channelz = absl::GetFlag(FLAGS_channelz);
   options.limits.max_page_list = absl::GetFlag(FLAGS_max_page_list);
   options.watch.max_watches_per_caller =

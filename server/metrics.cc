@@ -245,6 +245,10 @@ std::vector<MetricFamily> BrokerCollector::Collect() const {
     e.Add("kvbroker_device_budget_bytes", MetricType::Gauge,
           "Device memory pools may still map.", l, b.budget.value());
   }
+  e.Add("kvbroker_orphaned_handles", MetricType::Gauge,
+        "Backend handles of deleted pools whose release failed; retried in "
+        "the background.",
+        {}, static_cast<double>(broker_->orphaned_handles()));
   return e.Take();
 }
 

@@ -27,7 +27,9 @@
 //     kvbroker_engine_pending_revocations, kvbroker_engine_quarantined_pages;
 //   per device (label device): kvbroker_device_total_bytes,
 //     *_driver_free_bytes, *_headroom_bytes, *_charged_bytes (what this
-//     daemon holds), *_budget_bytes (what pools may still map).
+//     daemon holds), *_budget_bytes (what pools may still map);
+//   for the daemon: kvbroker_orphaned_handles (backend handles of deleted
+//     pools whose release failed, retried by the background worker).
 //
 // The outcome counters are counted by the pool where each call is decided
 // (PoolStats), not derived from replies.

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "allocator/failure.h"
+#include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
 #include "allocator/units.h"
 #include "gtest/gtest.h"
@@ -129,6 +130,42 @@ TEST(RenderMetrics, SeedCaseExactly) {
             "3");
   EXPECT_TRUE(absl::StrContains(
       two_pools, "# TYPE kvbroker_pool_map_seconds histogram\n"));
+  EXPECT_EQ(Sample(two_pools, "kvbroker_orphaned_handles"), "0");
+}
+
+TEST(RenderMetrics, OrphanedHandlesOfADeleteThatMetAFailingRelease) {
+  HostBackend host(HostBackendOptions{1, Bytes(kGiB), MiB(2)});
+  FaultInjectingBackend backend(&host);
+  BrokerOptions bo;
+  bo.gpu_memory_utilization = 1.0;
+  bo.min_idle_pages = 0;
+  bo.max_idle_pages = 0;
+  bo.start_worker = false;
+  absl::StatusOr<std::unique_ptr<Broker>> broker = Broker::Create(&backend, bo);
+  ASSERT_TRUE(broker.ok()) << broker.status();
+  PoolConfig c;
+  c.name = "gone";
+  c.page_size = MiB(2);
+  c.block_bytes = MiB(2);
+  c.max_blocks = 4;
+  ASSERT_TRUE((*broker)->CreatePool(c).ok());
+  AllocRequest three;
+  three.num_blocks = 3;
+  ASSERT_TRUE((*(*broker)->GetPool("gone"))->Alloc(three).ok());
+  backend.AddFault(FaultRule{BackendOp::kRelease, FaultKind::kError, 0, -1});
+  ASSERT_TRUE((*broker)->DeletePool("gone", /*force=*/true).ok());
+  std::string text = RenderMetrics(**broker);
+  EXPECT_EQ(Sample(text, "kvbroker_orphaned_handles"), "3");
+  EXPECT_EQ(Sample(text, "kvbroker_device_charged_bytes{device=\"0\"}"),
+            absl::StrCat(MiB(6).value()));
+  (*broker)->RunMaintenance();  // still failing
+  EXPECT_EQ(Sample(RenderMetrics(**broker), "kvbroker_orphaned_handles"), "3");
+  backend.ClearFaults();
+  (*broker)->RunMaintenance();
+  text = RenderMetrics(**broker);
+  EXPECT_EQ(Sample(text, "kvbroker_orphaned_handles"), "0");
+  EXPECT_EQ(Sample(text, "kvbroker_device_charged_bytes{device=\"0\"}"), "0");
+  EXPECT_EQ(host.live_handles(), 0);
 }
 
 // One gauge, counting its collections.
@@ -157,8 +194,7 @@ TEST(MetricsServer, ServesMetricsOverHttp) {
   EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.0 200") ||
               absl::StartsWith(r, "HTTP/1.1 200"))
       << r;
-  EXPECT_TRUE(absl::StrContains(r, "Content-Type: text/plain"))
-      << r;
+  EXPECT_TRUE(absl::StrContains(r, "Content-Type: text/plain")) << r;
   EXPECT_TRUE(absl::StrContains(r, "# TYPE kvbroker_up gauge\nkvbroker_up 1\n"))
       << r;
   EXPECT_EQ(up->collections, 1);

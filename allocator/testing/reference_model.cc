@@ -266,6 +266,12 @@ void ReferenceModel::TakeLocked(int64_t need, MBlock owner,
   std::sort(out->begin(), out->end());
 }
 
+void ReferenceModel::RequeueFreeAtBack(int64_t p) {
+  if (page_[p] != MPage::kFree) return;
+  free_list_.erase(std::find(free_list_.begin(), free_list_.end(), p));
+  free_list_.push_back(p);
+}
+
 void ReferenceModel::Reclaim(int64_t p, bool to_front) {
   page_[p] = MPage::kReclaimed;
   if (to_front) {

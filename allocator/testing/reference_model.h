@@ -228,6 +228,10 @@ class ReferenceModel {
   void AbortAcquire(const MInFlight& f);
   int64_t Trim(int64_t max_pages);
   bool PreallocStep();
+  // For checkers of concurrent histories, whose unmaps land in the order
+  // they finish: moves FREE page p to the back of the FREE list (no-op for
+  // a page in another state).
+  void RequeueFreeAtBack(int64_t p);
 
   // ---- revocation ----
   // A listener attaches (true) or leaves (false: every revocation lands).

@@ -25,6 +25,9 @@
 //   blocks free cleanly unless the pool FAILED, and the backend's handles
 //   are exactly the mapped pages'.
 //
+// Throughout, the backend's handles are exactly those the pools hold
+// (PagePool::backend_handles) plus the broker's orphans.
+//
 // In both, deleting every pool with the faults cleared returns every handle.
 // KVB_FAULT_CONCURRENT_EVERY=k runs the concurrent part at every k-th
 // position (default 3); KVB_FAULT_ROUNDS repeats the concurrent part with
@@ -170,11 +173,20 @@ struct World {
   // unwinding released some of its handles before the failure, so then the
   // backend may hold fewer, never more: no handle a pool does not know.
   // (Teardown proves a FAILED pool still returns all it holds.)
+  // And always exactly what the pools and the broker's orphans hold.
   std::string CheckHandles() {
     const int64_t expected = ExpectedHandles();
     bool all_healthy = true;
-    for (const auto& pool : pools) all_healthy &= pool->healthy();
+    int64_t held = broker->orphaned_handles();
+    for (const auto& pool : pools) {
+      all_healthy &= pool->healthy();
+      held += pool->backend_handles();
+    }
     const int64_t live = host->live_handles();
+    if (live != held) {
+      return absl::StrCat("backend holds ", live,
+                          " handles; the pools and orphans hold ", held);
+    }
     if (all_healthy ? live != expected : live > expected) {
       std::string pools_now;
       for (const auto& pool : pools) {
@@ -507,32 +519,87 @@ TEST(FaultCampaign, EveryCallPositionUnderConcurrentLoad) {
   EXPECT_GT(fired, 0);
 }
 
-// Deleting a pool while the backend fails an unmap or a release: today the
-// delete succeeds and the page's handle is forgotten, so the device memory
-// stays taken until the process exits (docs/reliability.md, open findings).
-// Disabled until the allocator keeps such a pool (FAILED, still holding its
-// handles) or retries; run it with --gtest_also_run_disabled_tests.
-TEST(FaultCampaign, DISABLED_DeleteWithAFailingUnmapKeepsEveryHandle) {
+// Deleting a pool while the backend fails an unmap or a release: the delete
+// succeeds (the name is gone), and the pool's handles move to the broker's
+// orphans, still charged to the device budget and counted by
+// orphaned_handles(), until a maintenance pass releases them.
+TEST(FaultCampaign, DeleteWithAFailingUnmapKeepsEveryHandle) {
   for (BackendOp op : {BackendOp::kUnmap, BackendOp::kRelease}) {
     for (FaultKind kind : kKinds) {
+      SCOPED_TRACE(absl::StrCat(OpName(op), " ", KindName(kind)));
       World w;
+      w.broker->RunMaintenance();  // pool b's IDLE pages, before counting
       AllocRequest r;
-      r.num_blocks = 5;
+      r.num_blocks = 5;  // 3 pages of pool "a", one device
       ASSERT_TRUE(w.pools[0]->Alloc(r).ok());
+      const int64_t a_handles = w.pools[0]->backend_handles();
+      ASSERT_EQ(a_handles, 3);
+      const int64_t b_handles = w.pools[1]->backend_handles();
+      ASSERT_EQ(w.host->live_handles(), a_handles + b_handles);
+      const Bytes charged_before = w.broker->budgets()->Snapshot(0).charged;
       FaultRule rule;
       rule.op = op;
       rule.kind = kind;
       w.backend->AddFault(rule);
-      const absl::Status deleted = w.broker->DeletePool("a", /*force=*/true);
+      ASSERT_TRUE(w.broker->DeletePool("a", /*force=*/true).ok());
+      EXPECT_EQ(GetReason(w.broker->GetPool("a").status()),
+                FailureReason::kPoolNotFound);
+      // One page (one handle) is still held, by the orphan, and charged.
+      EXPECT_EQ(w.broker->orphaned_handles(), 1);
+      EXPECT_EQ(w.host->live_handles(), b_handles + 1);
+      EXPECT_EQ(w.broker->budgets()->Snapshot(0).charged.value(),
+                charged_before.value() - 2 * 2 * kMiB);
       w.backend->ClearFaults();
-      if (!deleted.ok()) {
-        // Refused: the pool is still there, and a retry returns everything.
-        ASSERT_TRUE(w.broker->DeletePool("a", /*force=*/true).ok());
-      }
+      w.broker->RunMaintenance();
+      EXPECT_EQ(w.broker->orphaned_handles(), 0);
+      EXPECT_EQ(w.host->live_handles(), b_handles);
+      EXPECT_EQ(w.broker->budgets()->Snapshot(0).charged.value(),
+                charged_before.value() - 3 * 2 * kMiB);
       w.pools.erase(w.pools.begin());
-      EXPECT_EQ(w.Teardown(), "")
-          << OpName(op) << " " << KindName(kind) << ", delete: " << deleted;
+      EXPECT_EQ(w.Teardown(), "");
     }
+  }
+}
+
+// An Alloc whose mapping fails and whose rollback then fails to unmap a
+// page it had mapped: the pool FAILS, keeps that page's handle (and its
+// budget charge), and deleting the pool returns it.
+TEST(FaultCampaign, RollbackWithAFailingUnmapKeepsEveryHandle) {
+  for (BackendOp op : {BackendOp::kUnmap, BackendOp::kRelease}) {
+    SCOPED_TRACE(OpName(op));
+    World w;
+    PagePool& a = *w.pools[0];
+    const int64_t b_handles = w.pools[1]->backend_handles();
+    const Bytes charged_before = w.broker->budgets()->Snapshot(0).charged;
+    // 5 blocks: three fresh pages. The third page's create fails, so the
+    // rollback unmaps the second and the first; the first of those fails.
+    FaultRule create;
+    create.op = BackendOp::kCreate;
+    create.kind = FaultKind::kOutOfMemory;
+    create.nth = 3;
+    FaultRule undo;
+    undo.op = op;
+    undo.kind = FaultKind::kError;
+    w.backend->AddFault(create);
+    w.backend->AddFault(undo);
+    AllocRequest r;
+    r.num_blocks = 5;
+    EXPECT_EQ(GetReason(a.Alloc(r).status()), FailureReason::kPoolFailed);
+    EXPECT_FALSE(a.healthy());
+    EXPECT_TRUE(a.CheckInvariants().ok());
+    // The pool maps nothing, yet holds the page its rollback could not undo.
+    EXPECT_EQ(a.backend_handles(), 1);
+    EXPECT_EQ(w.host->live_handles(), b_handles + 1);
+    EXPECT_EQ(w.broker->budgets()->Snapshot(0).charged.value(),
+              charged_before.value() + 2 * kMiB);
+    w.backend->ClearFaults();
+    ASSERT_TRUE(w.broker->DeletePool("a", /*force=*/true).ok());
+    EXPECT_EQ(w.broker->orphaned_handles(), 0);
+    EXPECT_EQ(w.host->live_handles(), b_handles);
+    EXPECT_EQ(w.broker->budgets()->Snapshot(0).charged.value(),
+              charged_before.value());
+    w.pools.erase(w.pools.begin());
+    EXPECT_EQ(w.Teardown(), "");
   }
 }
 

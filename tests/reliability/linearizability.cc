@@ -286,7 +286,17 @@ bool PoolSpec::Begin(int index, const Operation& op) {
 }
 
 bool PoolSpec::Commit(int index, const Operation& op) {
-  if (unmapping_.erase(index) > 0) return true;
+  if (auto u = unmapping_.find(index); u != unmapping_.end()) {
+    // Pages reach the back of the FREE list as their unmaps finish, so the
+    // landing pages go there, behind every page still in flight: those go
+    // behind again, in their order, and land later.
+    for (int64_t p : u->second) model_.RequeueFreeAtBack(p);
+    unmapping_.erase(u);
+    for (const auto& [other, pages] : unmapping_) {
+      for (int64_t p : pages) model_.RequeueFreeAtBack(p);
+    }
+    return true;
+  }
   auto it = pending_.find(index);
   if (it == pending_.end()) return false;
   const MOutcome got =

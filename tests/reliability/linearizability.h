@@ -38,9 +38,10 @@
 // unmaps pages may be linearized as its state change (its pages in flight:
 // neither available nor free, still charged to the budget) and, later in
 // its interval, their landing; between the two, the pages are not available
-// to other calls and no call may set the limit or map pages. (Pages land on
-// their lists in the model's order, that of the state changes; the pool
-// lands them as their unmaps finish.)
+// to other calls and no call may set the limit or map pages. Pages bound
+// for the FREE list land at its back in the order their unmaps finish (the
+// landing steps' order), as the pool lands them; until then the model keeps
+// them behind every landed page.
 //
 // Thread safety: none; histories are checked after they are recorded.
 
