@@ -31,6 +31,8 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       remembered_(options_.idempotency_window, options_.idempotency_capacity) {
   absl::MutexLock lock(&mu_);
   generation_ = options_.initial_generation;
+  target_pages_ = geometry_.page_count().value();
+  PublishLocked();
 }
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
@@ -107,6 +109,7 @@ absl::Status PagePool::Init() {
         ledger_.CommitMap(p, BlockCount(1), BlockOwner::kNull, &got);
       }
     }
+    PublishLocked();
   }
   if (!epi.log.empty()) std::fputs(epi.log.c_str(), stderr);
   return result;
@@ -129,6 +132,7 @@ absl::Status PagePool::Shutdown(bool force) {
          {std::string(error_key::kAllocatedBlocks), Num(allocated)},
          {std::string(error_key::kReservedBlocks), Num(reserved)}});
   }
+  PublishLocked();
   mu_.Await(absl::Condition(
       +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
   shut_down_ = true;
@@ -164,6 +168,7 @@ absl::Status PagePool::Shutdown(bool force) {
 void PagePool::WithoutLock(absl::FunctionRef<void()> work)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
   mu_.AssertHeld();
+  PublishLocked();
   mu_.Unlock();
   work();
   mu_.Lock();
@@ -318,7 +323,6 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
   bool any_failed = false;
   for (const Unmap& u : *unmaps) {
     if (u.status.ok()) {
-      budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
       ledger_.FinishUnmap(u.page);
       stats_.unmap_latency.Record(u.took);
       ++stats_.pages_unmapped_total;
@@ -337,7 +341,13 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
   if (any_failed && ledger_.admitted_pages().value() > target_pages_) {
     limit_state_ = LimitState::kDeferred;
   }
-  if (landed > 0) BumpGenerationLocked();
+  if (landed > 0) {
+    BumpGenerationLocked();
+    // Uncharged once the landed pages are published (docs/design.md,
+    // "Capacity without the lock").
+    PublishLocked();
+    budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), landed);
+  }
   return landed;
 }
 
@@ -759,6 +769,7 @@ void PagePool::AwaitNotPendingLocked(const std::string& request_id) {
   // The window is read under mu_: Await evaluates the condition with the
   // lock held.
   Args args{&remembered_, &request_id};
+  PublishLocked();
   mu_.Await(absl::Condition(
       +[](Args* a) { return !a->window->IsPending(*a->id); }, &args));
 }
@@ -876,6 +887,7 @@ void PagePool::BumpGenerationLocked() { ++generation_; }
 void PagePool::CloseLocked(Epilogue* e) {
   e->after = generation_;
   e->prealloc = NeedsPreallocLocked();
+  PublishLocked();
 }
 
 void PagePool::RunEpilogue(const Epilogue& e) {
@@ -892,14 +904,10 @@ bool PagePool::NeedsPreallocLocked() const {
 }
 
 uint64_t PagePool::generation() const {
-  absl::MutexLock lock(&mu_);
-  return generation_;
+  return static_cast<uint64_t>(published_.Read().generation);
 }
 
-bool PagePool::healthy() const {
-  absl::MutexLock lock(&mu_);
-  return !failed_;
-}
+bool PagePool::healthy() const { return published_.Read().failed == 0; }
 
 bool PagePool::device_lost() const {
   absl::MutexLock lock(&mu_);
@@ -921,6 +929,11 @@ absl::Status PagePool::CheckInvariantsLocked() const {
     return absl::InternalError(absl::StrCat("invariant: ", parts...));
   };
   if (std::string e = ledger_.Check(); !e.empty()) return fail(e);
+  // Checked with mu_ just taken: every release of it published.
+  if (published_.last() != CountersLocked() ||
+      published_.Read() != published_.last()) {
+    return fail("published counters differ from the pool's state");
+  }
   for (const auto& [id, r] : reservations_.live()) {
     for (BlockId b : r.blocks) {
       if (ledger_.owner(b) != BlockOwner::kReserved) {
