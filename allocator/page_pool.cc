@@ -182,12 +182,13 @@ PagePool::Acquisition PagePool::BeginAcquireLocked(const Plan& plan,
                                                    Reservation* reservation) {
   Acquisition acq;
   acq.owner = owner;
+  acq.blocks.reserve(plan.from_reservation + plan.from_pool);
   if (plan.from_reservation > 0) {
     acq.reservation_id = reservation->id;
     acq.from_reservation =
         ReservationTable::TakeFront(*reservation, plan.from_reservation);
     ledger_.Reassign(acq.from_reservation, BlockOwner::kAllocated);
-    acq.blocks = acq.from_reservation;
+    acq.blocks.assign(acq.from_reservation.begin(), acq.from_reservation.end());
   }
   if (plan.new_pages == 0) {
     ledger_.TakeMapped(BlockCount(plan.from_pool), owner, &acq.blocks,
@@ -446,6 +447,9 @@ std::string ReserveFingerprint(const ReserveRequest& r) {
 absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
   Epilogue epi;
   absl::StatusOr<AllocResult> result;
+  // The blocks of a call that nothing remembers are grouped by page after
+  // the lock is released.
+  std::vector<BlockId> ungrouped;
   {
     absl::MutexLock lock(&mu_);
     epi.before = generation_;
@@ -504,17 +508,24 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       AllocResult out;
       out.pages_mapped = plan->new_pages;
       out.num_blocks = static_cast<int64_t>(acq.blocks.size());
-      out.pages = GroupByPage(std::move(acq.blocks));
       if (out.num_blocks > 0 || out.pages_mapped > 0) BumpGenerationLocked();
       out.generation = generation_;
       stats_.blocks_allocated_total += out.num_blocks;
-      if (!id.empty()) RememberLocked(id, fingerprint, out);
+      if (!id.empty()) {
+        out.pages = GroupByPage(std::move(acq.blocks));
+        RememberLocked(id, fingerprint, out);
+      } else {
+        ungrouped = std::move(acq.blocks);
+      }
       return out;
     }();
     CompleteUnmapsLocked(&unmaps, &epi.log);
     ++stats_.alloc_calls;
     ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
     CloseLocked(&epi);
+  }
+  if (result.ok() && !ungrouped.empty()) {
+    result->pages = GroupByPage(std::move(ungrouped));
   }
   RunEpilogue(epi);
   return result;
@@ -858,22 +869,46 @@ bool PagePool::PreallocStep() {
 
 std::vector<PageBlocks> PagePool::GroupByPage(
     std::vector<BlockId> blocks) const {
-  // Acquisition yields ascending ids within each page; one page's blocks
-  // (the common case) need no sort.
-  if (!std::is_sorted(blocks.begin(), blocks.end())) {
-    std::sort(blocks.begin(), blocks.end());
-  }
   std::vector<PageBlocks> out;
   if (blocks.empty()) return out;
+  // Acquisition yields each page's blocks as one ascending run, pages in the
+  // order they were taken (FREE-list order for fresh pages). Cut the runs,
+  // then order them by page: O(blocks + pages log pages), not a sort of
+  // every id. Should a page appear in two runs (a reservation's blocks and
+  // the pool's on one page), the ids are sorted instead.
+  const auto by_page = [](const PageBlocks& a, const PageBlocks& b) {
+    return a.page_id < b.page_id;
+  };
+  auto run_end = [&](std::vector<BlockId>::iterator it, BlockId end) {
+    for (++it; it != blocks.end() && *it<end&& * it> it[-1]; ++it) {
+    }
+    return it;
+  };
   const PageId first = geometry_.page_of(blocks.front());
-  if (blocks.back() < ledger_.page(first).end) {
+  if (run_end(blocks.begin(), geometry_.range(first).end) == blocks.end()) {
     out.push_back({first, std::move(blocks)});
     return out;
   }
   for (auto it = blocks.begin(); it != blocks.end();) {
-    const PageId p =
-        ledger_.PageOf(*it, out.empty() ? PageId{-1} : out.back().page_id);
-    const BlockId end = ledger_.page(p).end;
+    const PageId p = geometry_.page_of(*it);
+    const auto end = run_end(it, geometry_.range(p).end);
+    out.push_back({p, std::vector<BlockId>(it, end)});
+    it = end;
+  }
+  if (!std::is_sorted(out.begin(), out.end(), by_page)) {
+    std::sort(out.begin(), out.end(), by_page);
+  }
+  if (std::adjacent_find(out.begin(), out.end(),
+                         [](const PageBlocks& a, const PageBlocks& b) {
+                           return a.page_id == b.page_id;
+                         }) == out.end()) {
+    return out;
+  }
+  out.clear();
+  std::sort(blocks.begin(), blocks.end());
+  for (auto it = blocks.begin(); it != blocks.end();) {
+    const PageId p = geometry_.page_of(*it);
+    const BlockId end = geometry_.range(p).end;
     auto group_end =
         std::find_if(it, blocks.end(), [end](BlockId b) { return b >= end; });
     out.push_back({p, std::vector<BlockId>(it, group_end)});

@@ -326,8 +326,9 @@ class PagePool {
                       IdempotencyWindow::Outcome outcome)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Groups blocks of one acquisition by page, pages ascending. Reads only
+  // the geometry: callable without the lock.
+  std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks) const;
   LimitInfo LimitInfoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Bytes MappedBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -363,7 +364,8 @@ class PagePool {
   bool prealloc_running_ ABSL_GUARDED_BY(mu_) = false;
   // Blocks held as reserved by a Reserve in flight (no reservation yet).
   int64_t reserving_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no limit was set.
+  // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no
+  // limit was set.
   LimitState limit_state_ ABSL_GUARDED_BY(mu_) = LimitState::kNone;
   int64_t target_pages_ ABSL_GUARDED_BY(mu_) = 0;
   Bytes limit_bytes_ ABSL_GUARDED_BY(mu_);

@@ -148,9 +148,8 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
   // it takes and uncharges after it publishes the pages it returned.
   if (query.max_pages <= 0) {
     const PoolCounters k = published_.Read();
-    const bool expiring =
-        k.next_expiry_ns != PoolCounters::kNoExpiry &&
-        absl::ToUnixNanos(clock_->Now()) >= k.next_expiry_ns;
+    const bool expiring = k.next_expiry_ns != PoolCounters::kNoExpiry &&
+                          absl::ToUnixNanos(clock_->Now()) >= k.next_expiry_ns;
     if (k.shut_down == 0 && k.failed == 0 && !expiring) {
       const int64_t affordable = budgets_->AffordableBundles(
           geometry_.devices(), geometry_.bundle_bytes());

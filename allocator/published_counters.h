@@ -47,7 +47,7 @@ struct PoolCounters {
   int64_t admitted_usable = 0;
   int64_t mapped_pages = 0;
   int64_t pages_by_state[kPageStates] = {};  // indexed by PageState
-  int64_t limit_state = 0;         // LimitState
+  int64_t limit_state = 0;                   // LimitState
   int64_t limit_bytes = 0;
   int64_t limit_revision = -1;
   int64_t target_pages = 0;

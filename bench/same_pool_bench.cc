@@ -306,14 +306,18 @@ int Main() {
     while (!stop.load()) {
       absl::Duration driver;
       absl::StatusOr<AllocResult> r = Split(
-          [&] { return pool->Alloc({n, "", "", {}}); },
+          [&] {
+            return pool->Alloc({n, "", "", {}});
+          },
           &sections.alloc_before, &sections.alloc_after, &driver);
       if (!r.ok()) Die(r.status(), "mapper alloc");
       mapper_pages += r->pages_mapped;
       const std::vector<BlockId> ids = Ids(*r);
-      absl::StatusOr<FreeResult> f =
-          Split([&] { return pool->Free({ids, ""}); }, &sections.free_call,
-                nullptr, &driver);
+      absl::StatusOr<FreeResult> f = Split(
+          [&] {
+            return pool->Free({ids, ""});
+          },
+          &sections.free_call, nullptr, &driver);
       if (!f.ok()) Die(f.status(), "mapper free");
       absl::StatusOr<TrimResult> t =
           Split([&] { return pool->Trim(); }, &sections.trim_before,
