@@ -6,9 +6,11 @@
 
 namespace kvbroker {
 
-BundleMapper::BundleMapper(const Geometry* geometry, Backend* backend)
+BundleMapper::BundleMapper(const Geometry* geometry, Backend* backend,
+                           DeviceBudgets* budgets)
     : geometry_(geometry),
       backend_(backend),
+      budgets_(budgets),
       handles_(geometry->page_count().value() * geometry->device_count()) {}
 
 absl::Status BundleMapper::ReserveRanges(int* failed_device) {
@@ -36,6 +38,14 @@ void BundleMapper::FreeRanges() {
   ranges_.clear();
 }
 
+absl::Status BundleMapper::Release(int device, PhysicalHandle handle) {
+  const Bytes size = geometry_->bundle_bytes();
+  if (budgets_ != nullptr) budgets_->ReleaseStarting(device, size);
+  absl::Status s = backend_->Release(device, handle);
+  if (budgets_ != nullptr) budgets_->ReleaseFinished(device, size, s.ok());
+  return s;
+}
+
 BundleMapper::MapOutcome BundleMapper::Map(PageId p) {
   const Geometry& g = *geometry_;
   const Bytes size = g.bundle_bytes();
@@ -51,7 +61,9 @@ BundleMapper::MapOutcome BundleMapper::Map(PageId p) {
     const int dev = g.devices()[done_devices];
     const uint64_t va = ranges_[done_devices].base + offset;
     step = 0;
+    if (budgets_ != nullptr) budgets_->CreateStarting(dev, size);
     absl::StatusOr<PhysicalHandle> h = backend_->Create(dev, size);
+    if (budgets_ != nullptr) budgets_->CreateFinished(dev, size, h.ok());
     if (!h.ok()) {
       error = h.status();
       break;
@@ -80,7 +92,7 @@ BundleMapper::MapOutcome BundleMapper::Map(PageId p) {
       out.unwound = false;
       continue;  // a handle still mapped must not be released
     }
-    if (steps >= 1 && !backend_->Release(dev, handles_[p * n + i]).ok()) {
+    if (steps >= 1 && !Release(dev, handles_[p * n + i]).ok()) {
       out.unwound = false;
     }
   }
@@ -97,7 +109,7 @@ absl::Status BundleMapper::Unmap(PageId p, absl::Duration* took) {
   for (int i = n - 1; i >= 0; --i) {
     const int dev = g.devices()[i];
     absl::Status s = backend_->Unmap(dev, ranges_[i].base + offset, size);
-    if (s.ok()) s = backend_->Release(dev, handles_[p * n + i]);
+    if (s.ok()) s = Release(dev, handles_[p * n + i]);
     if (!s.ok() && first.ok()) first = s;
   }
   if (first.ok()) *took = absl::Now() - start;

@@ -4,7 +4,9 @@
 // the pool, unwound in reverse when a step fails; and its reverse, unmap ->
 // release, last device first. It keeps the physical handle of every mapped
 // page and touches no other pool state (docs/design.md, "The mapping
-// transaction").
+// transaction"). It reports every allocation it creates or releases to the
+// device budgets, which tell the broker's own memory from other processes'
+// by it (device_budget.h).
 //
 // Thread safety: calls for different page ids may run at the same time, on
 // any threads, without a lock: each page id has its own handle slots, fixed
@@ -21,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "allocator/backend.h"
+#include "allocator/device_budget.h"
 #include "allocator/geometry.h"
 #include "allocator/units.h"
 
@@ -37,8 +40,10 @@ class BundleMapper {
     absl::Duration took;  // of a successful mapping
   };
 
-  // `geometry` and `backend` must outlive the mapper.
-  BundleMapper(const Geometry* geometry, Backend* backend);
+  // `geometry`, `backend` and `budgets` (when not null) must outlive the
+  // mapper.
+  BundleMapper(const Geometry* geometry, Backend* backend,
+               DeviceBudgets* budgets = nullptr);
 
   BundleMapper(const BundleMapper&) = delete;
   BundleMapper& operator=(const BundleMapper&) = delete;
@@ -65,8 +70,12 @@ class BundleMapper {
   absl::Status Unmap(PageId p, absl::Duration* took);
 
  private:
+  // backend_->Release, reported to the budgets around the call.
+  absl::Status Release(int device, PhysicalHandle handle);
+
   const Geometry* const geometry_;
   Backend* const backend_;
+  DeviceBudgets* const budgets_;      // may be null
   std::vector<VirtualRange> ranges_;  // one per device of the pool
   // handles_[p * devices + i]: page p's allocation on the pool's i-th device.
   std::vector<PhysicalHandle> handles_;

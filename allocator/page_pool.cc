@@ -25,7 +25,7 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       budgets_(budgets),
       clock_(clock),
       options_(std::move(options)),
-      mapper_(&geometry_, backend),
+      mapper_(&geometry_, backend, budgets),
       ledger_(&geometry_),
       reservations_(options_.expired_reservations_remembered),
       remembered_(options_.idempotency_window, options_.idempotency_capacity) {

@@ -6,9 +6,11 @@
 
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
+#include "allocator/testing/gated_backend.h"
 #include "gtest/gtest.h"
 
 namespace kvbroker {
@@ -199,6 +201,55 @@ TEST_F(PagePoolTest, MaxIdleKeepsFreedPagesMapped) {
   EXPECT_EQ(c->pages_idle.value(), 2);
   EXPECT_EQ(host_.live_handles(), 2);
   EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+// docs/design.md, "Device budgets": a refresh while an Alloc's pages are
+// charged but not yet created, and again while the pool holds them. The
+// budget never counts them as free.
+TEST(PagePoolBudgetTest, RefreshWhilePagesAreChargedButNotCreated) {
+  HostBackend host(HostBackendOptions{1, MiB(40), MiB(2)});
+  testing_support::GatedBackend gated(&host);
+  DeviceBudgets budgets(&gated, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  ManualClock clock;
+  PoolConfig c;
+  c.name = "p";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(512);
+  c.max_blocks = 32;  // 8 pages of 4 blocks
+  PoolOptions o;
+  o.min_idle_pages = 0;
+  o.max_idle_pages = 8;
+  auto pool = PagePool::Create(c, &gated, &budgets, &clock, o);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 20);
+
+  gated.Arm();
+  absl::StatusOr<AllocResult> r;
+  std::thread alloc([&] { r = (*pool)->Alloc({8, "", "", {}}); });  // 2 pages
+  gated.WaitUntilHeld();  // charged 2, created none
+  ASSERT_TRUE(budgets.RefreshAll().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 18);
+  EXPECT_EQ(budgets.Snapshot(0).external, Bytes(0));
+  gated.Release(/*fail=*/false);
+  alloc.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->pages_mapped, 2);
+  ASSERT_TRUE(budgets.RefreshAll().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 18);
+  EXPECT_EQ(budgets.Snapshot(0).created, MiB(4));
+
+  std::vector<BlockId> ids;
+  for (const PageBlocks& pb : r->pages) {
+    ids.insert(ids.end(), pb.block_ids.begin(), pb.block_ids.end());
+  }
+  ASSERT_TRUE((*pool)->Free({ids, ""}).ok());
+  ASSERT_TRUE((*pool)->Trim().ok());
+  ASSERT_TRUE(budgets.RefreshAll().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 20);
+  EXPECT_EQ(budgets.Snapshot(0).created, Bytes(0));
+  EXPECT_EQ(budgets.Snapshot(0).charged, Bytes(0));
+  EXPECT_TRUE((*pool)->CheckInvariants().ok());
 }
 
 }  // namespace
