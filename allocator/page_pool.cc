@@ -100,7 +100,7 @@ absl::Status PagePool::Init() {
       --calls_in_flight_;
       if (!m.status.ok()) {
         ledger_.AbortMap({p});
-        result = MappingErrorLocked(m, 1, &epi.log);
+        result = MappingErrorLocked(m, 1, &epi.log, Counted::kNo);
       } else {
         stats_.map_latency.Record(m.took);
         ++stats_.pages_mapped_total;
@@ -286,7 +286,7 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
     }
   }
   acq->blocks.clear();
-  return MappingErrorLocked(m, requested, log);
+  return MappingErrorLocked(m, requested, log, Counted::kYes);
 }
 
 // ---------------------------------------------------------------------------
@@ -369,7 +369,7 @@ void PagePool::AdmitReclaimedLocked() {
 
 absl::Status PagePool::MappingErrorLocked(
     const BundleMapper::MapOutcome& outcome, int64_t requested,
-    std::string* log) {
+    std::string* log, Counted counted) {
   ++stats_.map_failures_total;
   FailureMetadata md = {
       {std::string(error_key::kPool), name()},
@@ -388,21 +388,22 @@ absl::Status PagePool::MappingErrorLocked(
                          : "a failed mapping could not be rolled back: ",
                      outcome.status.message()),
         /*device_lost=*/code == absl::StatusCode::kInternal, log);
-    return MakeFailure(FailureReason::kPoolFailed,
-                       absl::StrCat("pool ", name(), " failed: ", failure_),
-                       std::move(md));
+    return RefuseLocked(counted, FailureReason::kPoolFailed,
+                        absl::StrCat("pool ", name(), " failed: ", failure_),
+                        std::move(md));
   }
   if (code == absl::StatusCode::kResourceExhausted) {
-    return MakeFailure(
-        FailureReason::kGpuMemoryExhausted,
+    return RefuseLocked(
+        counted, FailureReason::kGpuMemoryExhausted,
         absl::StrCat("the device ran out of memory while mapping for pool ",
                      name(), " (rolled back): ", outcome.status.message()),
         std::move(md));
   }
-  return MakeFailure(FailureReason::kMappingFailed,
-                     absl::StrCat("mapping failed for pool ", name(),
-                                  " (rolled back): ", outcome.status.message()),
-                     std::move(md));
+  return RefuseLocked(
+      counted, FailureReason::kMappingFailed,
+      absl::StrCat("mapping failed for pool ", name(),
+                   " (rolled back): ", outcome.status.message()),
+      std::move(md));
 }
 
 void PagePool::MarkFailedLocked(const std::string& why, bool device_lost,
@@ -414,6 +415,24 @@ void PagePool::MarkFailedLocked(const std::string& why, bool device_lost,
     absl::StrAppend(log, "kvbroker: pool ", name(), " FAILED: ", why, "\n");
   }
   BumpGenerationLocked();
+}
+
+absl::Status PagePool::RefuseLocked(Counted counted, FailureReason reason,
+                                    absl::string_view message,
+                                    FailureMetadata metadata,
+                                    std::vector<FieldViolation> violations) {
+  if (counted == Counted::kYes) ++stats_.outcomes[static_cast<int>(reason)];
+  return MakeFailure(reason, message, std::move(metadata),
+                     std::move(violations));
+}
+
+absl::Status PagePool::InvalidFieldLocked(Counted counted,
+                                          absl::string_view field,
+                                          absl::string_view description) {
+  if (counted == Counted::kYes) {
+    ++stats_.outcomes[static_cast<int>(FailureReason::kInvalidArgument)];
+  }
+  return InvalidField(field, description);
 }
 
 // ---------------------------------------------------------------------------
@@ -457,9 +476,10 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<AllocResult> {
       if (request.num_blocks < 0) {
-        return InvalidField("num_blocks", "must not be negative");
+        return InvalidFieldLocked(Counted::kYes, "num_blocks",
+                                  "must not be negative");
       }
-      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
       const std::string& id = request.request_id;
       const std::string fingerprint =
           id.empty() ? "" : AllocFingerprint(request);
@@ -469,11 +489,11 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
               ReplayLocked<AllocResult>(id, fingerprint)) {
         return *std::move(replay);
       }
-      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
       if (request.expected_generation.has_value() &&
           *request.expected_generation != generation_) {
-        return MakeFailure(
-            FailureReason::kGenerationMismatch,
+        return RefuseLocked(
+            Counted::kYes, FailureReason::kGenerationMismatch,
             absl::StrCat("pool ", name(), " is at generation ", generation_,
                          ", not ", *request.expected_generation,
                          "; re-read capacity"),
@@ -485,8 +505,8 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       }
       Reservation* reservation = nullptr;
       if (!request.reservation_id.empty()) {
-        KVB_RETURN_IF_ERROR(
-            FindReservationLocked(request.reservation_id, &reservation));
+        KVB_RETURN_IF_ERROR(FindReservationLocked(request.reservation_id,
+                                                  &reservation, Counted::kYes));
       }
       const int64_t from_res =
           reservation == nullptr
@@ -521,7 +541,7 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
     }();
     CompleteUnmapsLocked(&unmaps, &epi.log);
     ++stats_.alloc_calls;
-    ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
+    if (result.ok()) ++stats_.outcomes[0];
     CloseLocked(&epi);
   }
   if (result.ok() && !ungrouped.empty()) {
@@ -542,12 +562,13 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<ReservationInfo> {
       if (request.num_blocks <= 0) {
-        return InvalidField("num_blocks", "must be positive");
+        return InvalidFieldLocked(Counted::kYes, "num_blocks",
+                                  "must be positive");
       }
       if (request.ttl <= absl::ZeroDuration()) {
-        return InvalidField("ttl", "must be positive");
+        return InvalidFieldLocked(Counted::kYes, "ttl", "must be positive");
       }
-      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
       const std::string& id = request.request_id;
       const std::string fingerprint =
           id.empty() ? "" : ReserveFingerprint(request);
@@ -557,7 +578,7 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
               ReplayLocked<ReservationInfo>(id, fingerprint)) {
         return *std::move(replay);
       }
-      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
       absl::StatusOr<Plan> plan = PlanLocked(request.num_blocks, 0, nullptr);
       if (!plan.ok()) return plan.status();
       Acquisition acq =
@@ -584,7 +605,7 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
     }();
     CompleteUnmapsLocked(&unmaps, &epi.log);
     ++stats_.reserve_calls;
-    ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
+    if (result.ok()) ++stats_.outcomes[0];
     CloseLocked(&epi);
   }
   RunEpilogue(epi);
@@ -599,7 +620,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
     epi.before = generation_;
     result =
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
-      if (shut_down_) return CheckUsableLocked();
+      if (shut_down_) return CheckUsableLocked(Counted::kYes);
       const std::string& id = request.request_id;
       const std::string fingerprint =
           id.empty() ? "" : FreeFingerprint(request);
@@ -620,8 +641,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       }
       if (auto dup = std::adjacent_find(ascending.begin(), ascending.end());
           dup != ascending.end()) {
-        return MakeFailure(
-            FailureReason::kInvalidArgument,
+        return RefuseLocked(
+            Counted::kYes, FailureReason::kInvalidArgument,
             absl::StrCat("block ", *dup, " is named more than once"),
             {{std::string(error_key::kField), "block_ids"},
              {std::string(error_key::kBlockId), Num(*dup)}},
@@ -645,8 +666,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         return absl::StrJoin(head, ",");
       };
       if (!not_allocated.empty()) {
-        return MakeFailure(
-            FailureReason::kBlockNotAllocated,
+        return RefuseLocked(
+            Counted::kYes, FailureReason::kBlockNotAllocated,
             absl::StrCat(not_allocated.size(), " of ", request.block_ids.size(),
                          " blocks are not allocated (first: ",
                          not_allocated.front(), "); nothing was freed"),
@@ -659,8 +680,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
               Num(request.block_ids.size())}});
       }
       if (!in_reservation.empty()) {
-        return MakeFailure(
-            FailureReason::kBlockInReservation,
+        return RefuseLocked(
+            Counted::kYes, FailureReason::kBlockInReservation,
             absl::StrCat(in_reservation.size(),
                          " blocks are held by a reservation (first: ",
                          in_reservation.front(),
@@ -688,7 +709,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       return out;
     }();
     ++stats_.free_calls;
-    ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
+    if (result.ok()) ++stats_.outcomes[0];
     CloseLocked(&epi);
   }
   RunEpilogue(epi);
@@ -707,7 +728,8 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
       if (shut_down_) return CheckUsableLocked();
       ExpireLocked(&epi.log);
       Reservation* r = nullptr;
-      KVB_RETURN_IF_ERROR(FindReservationLocked(reservation_id, &r));
+      KVB_RETURN_IF_ERROR(
+          FindReservationLocked(reservation_id, &r, Counted::kNo));
       const Reservation gone = reservations_.Remove(reservation_id);
       ReleaseResult out;
       out.released_blocks = static_cast<int64_t>(gone.blocks.size());
@@ -725,23 +747,24 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
 }
 
 absl::Status PagePool::FindReservationLocked(const std::string& id,
-                                             Reservation** out) {
+                                             Reservation** out,
+                                             Counted counted) {
   if (Reservation* r = reservations_.Find(id)) {
     *out = r;
     return absl::OkStatus();
   }
   if (reservations_.WasExpired(id)) {
-    return MakeFailure(FailureReason::kReservationExpired,
-                       absl::StrCat("reservation ", id, " in pool ", name(),
-                                    " has expired; its blocks went back to "
-                                    "the pool"),
-                       {{std::string(error_key::kPool), name()},
-                        {std::string(error_key::kReservationId), id}});
+    return RefuseLocked(counted, FailureReason::kReservationExpired,
+                        absl::StrCat("reservation ", id, " in pool ", name(),
+                                     " has expired; its blocks went back to "
+                                     "the pool"),
+                        {{std::string(error_key::kPool), name()},
+                         {std::string(error_key::kReservationId), id}});
   }
-  return MakeFailure(FailureReason::kReservationNotFound,
-                     absl::StrCat("no reservation ", id, " in pool ", name()),
-                     {{std::string(error_key::kPool), name()},
-                      {std::string(error_key::kReservationId), id}});
+  return RefuseLocked(counted, FailureReason::kReservationNotFound,
+                      absl::StrCat("no reservation ", id, " in pool ", name()),
+                      {{std::string(error_key::kPool), name()},
+                       {std::string(error_key::kReservationId), id}});
 }
 
 void PagePool::ExpireLocked(std::string* log) {
@@ -793,8 +816,8 @@ std::optional<absl::StatusOr<T>> PagePool::ReplayLocked(
       remembered_.Recall(request_id, clock_->Now());
   if (seen == nullptr) return std::nullopt;
   if (seen->fingerprint != fingerprint) {
-    return absl::StatusOr<T>(MakeFailure(
-        FailureReason::kRequestIdReused,
+    return absl::StatusOr<T>(RefuseLocked(
+        Counted::kYes, FailureReason::kRequestIdReused,
         absl::StrCat("request_id ", request_id,
                      " was already used with other parameters in pool ",
                      name()),
@@ -856,7 +879,8 @@ bool PagePool::PreallocStep() {
       more = ledger_.idle_pages_listed().value() < options_.min_idle_pages;
     } else {
       ledger_.AbortMap({p});
-      (void)MappingErrorLocked(m, 0, &epi.log);  // FAILED when it must be
+      // FAILED when it must be.
+      (void)MappingErrorLocked(m, 0, &epi.log, Counted::kNo);
     }
     CloseLocked(&epi);
   }

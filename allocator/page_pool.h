@@ -241,6 +241,20 @@ class PagePool {
   void WithoutLock(absl::FunctionRef<void()> work)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- refusals ---
+  // Whether a refusal is counted in PoolStats::outcomes: yes in Alloc, Free
+  // and Reserve, no elsewhere. Each refusal is counted where it is decided,
+  // with the reason it is built from (successes at the end of the call).
+  enum class Counted : bool { kNo, kYes };
+  absl::Status RefuseLocked(Counted counted, FailureReason reason,
+                            absl::string_view message,
+                            FailureMetadata metadata = {},
+                            std::vector<FieldViolation> violations = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InvalidFieldLocked(Counted counted, absl::string_view field,
+                                  absl::string_view description)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // --- capacity and planning ---
   int64_t AffordableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Capacity reads without the lock.
@@ -255,7 +269,9 @@ class PagePool {
   absl::StatusOr<CapacitySnapshot> CapacityLocked(const CapacityQuery& query,
                                                   std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckUsableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // POOL_NOT_FOUND after Shutdown, POOL_FAILED once failed, else OK.
+  absl::Status CheckUsableLocked(Counted counted = Counted::kNo)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks that `requested` blocks (from_reservation of them from the
   // caller's reservation) can be supplied now and charges the pages to map;
   // or returns the typed refusal, having changed nothing.
@@ -301,7 +317,8 @@ class PagePool {
   // The typed error of a failed, rolled-back (or not) mapping; marks the
   // pool FAILED when the rollback failed or the device is lost.
   absl::Status MappingErrorLocked(const BundleMapper::MapOutcome& outcome,
-                                  int64_t requested, std::string* log)
+                                  int64_t requested, std::string* log,
+                                  Counted counted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkFailedLocked(const std::string& why, bool device_lost,
                         std::string* log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -311,7 +328,8 @@ class PagePool {
   // that causes (dropping the lock for them); reads the clock only when a
   // reservation exists.
   void ExpireLocked(std::string* log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status FindReservationLocked(const std::string& id, Reservation** out)
+  absl::Status FindReservationLocked(const std::string& id, Reservation** out,
+                                     Counted counted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) while a call under `request_id` is in flight.
   void AwaitNotPendingLocked(const std::string& request_id)

@@ -34,18 +34,18 @@ int64_t PagePool::AffordableLocked() const {
                                      geometry_.bundle_bytes());
 }
 
-absl::Status PagePool::CheckUsableLocked() const {
+absl::Status PagePool::CheckUsableLocked(Counted counted) {
   if (shut_down_) {
-    return MakeFailure(FailureReason::kPoolNotFound,
-                       absl::StrCat("pool ", name(), " was deleted"),
-                       {{std::string(error_key::kPool), name()}});
+    return RefuseLocked(counted, FailureReason::kPoolNotFound,
+                        absl::StrCat("pool ", name(), " was deleted"),
+                        {{std::string(error_key::kPool), name()}});
   }
   if (failed_) {
-    return MakeFailure(FailureReason::kPoolFailed,
-                       absl::StrCat("pool ", name(), " has failed: ", failure_,
-                                    "; delete and recreate it"),
-                       {{std::string(error_key::kPool), name()},
-                        {std::string(error_key::kFailure), failure_}});
+    return RefuseLocked(counted, FailureReason::kPoolFailed,
+                        absl::StrCat("pool ", name(), " has failed: ", failure_,
+                                     "; delete and recreate it"),
+                        {{std::string(error_key::kPool), name()},
+                         {std::string(error_key::kFailure), failure_}});
   }
   return absl::OkStatus();
 }
@@ -249,8 +249,8 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
       md[std::string(error_key::kReservationId)] = reservation->id;
       md[std::string(error_key::kReservationBlocks)] = Num(from_reservation);
       md[std::string(error_key::kPoolReason)] = std::string(ReasonName(reason));
-      return MakeFailure(
-          FailureReason::kReservationTooSmall,
+      return RefuseLocked(
+          Counted::kYes, FailureReason::kReservationTooSmall,
           absl::StrCat("reservation ", reservation->id, " holds ",
                        from_reservation, " of ", requested,
                        " requested blocks and the pool cannot supply the "
@@ -258,7 +258,7 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
                        message),
           std::move(md));
     }
-    return MakeFailure(reason, std::move(message), std::move(md));
+    return RefuseLocked(Counted::kYes, reason, message, std::move(md));
   };
 
   if (requested > total) {
