@@ -225,7 +225,8 @@ TEST_F(PagePoolTest, OutcomesAreCountedByReasonWhereRefused) {
   // Blocks free on mapped pages: a request one larger must map a page.
   auto mapped_free = [&] {
     int64_t n = 0;
-    for (const PageInfo& p : pool->Capacity({1000})->pages) {
+    const absl::StatusOr<CapacitySnapshot> c = pool->Capacity({1000});
+    for (const PageInfo& p : c->pages) {
       if (p.state == PageState::kOpen || p.state == PageState::kIdle) {
         n += p.free_blocks.value();
       }
