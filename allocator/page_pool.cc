@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
@@ -632,15 +633,18 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       }
       // Validate everything before changing anything.
       // Ids as Alloc handed them out are already ascending: no copy then.
+      // One pass when they are strictly ascending (sorted, no repeat).
       std::vector<BlockId> sorted_copy;
       absl::Span<const BlockId> ascending = request.block_ids;
-      if (!std::is_sorted(ascending.begin(), ascending.end())) {
+      auto dup = std::adjacent_find(ascending.begin(), ascending.end(),
+                                    std::greater_equal<BlockId>());
+      if (dup != ascending.end()) {
         sorted_copy.assign(ascending.begin(), ascending.end());
         std::sort(sorted_copy.begin(), sorted_copy.end());
         ascending = sorted_copy;
+        dup = std::adjacent_find(ascending.begin(), ascending.end());
       }
-      if (auto dup = std::adjacent_find(ascending.begin(), ascending.end());
-          dup != ascending.end()) {
+      if (dup != ascending.end()) {
         return RefuseLocked(
             Counted::kYes, FailureReason::kInvalidArgument,
             absl::StrCat("block ", *dup, " is named more than once"),
