@@ -418,24 +418,6 @@ void PagePool::MarkFailedLocked(const std::string& why, bool device_lost,
   BumpGenerationLocked();
 }
 
-absl::Status PagePool::RefuseLocked(Counted counted, FailureReason reason,
-                                    absl::string_view message,
-                                    FailureMetadata metadata,
-                                    std::vector<FieldViolation> violations) {
-  if (counted == Counted::kYes) ++stats_.outcomes[static_cast<int>(reason)];
-  return MakeFailure(reason, message, std::move(metadata),
-                     std::move(violations));
-}
-
-absl::Status PagePool::InvalidFieldLocked(Counted counted,
-                                          absl::string_view field,
-                                          absl::string_view description) {
-  if (counted == Counted::kYes) {
-    ++stats_.outcomes[static_cast<int>(FailureReason::kInvalidArgument)];
-  }
-  return InvalidField(field, description);
-}
-
 // ---------------------------------------------------------------------------
 // Entry points
 

@@ -1,8 +1,9 @@
 // PagePool: what the pool can supply and the refusals when it cannot:
-// usability, the capacity snapshot, planning (every capacity refusal is
-// decided there, before anything is taken), memory limits, trim and page
-// occupancy. Part of the page_pool target; the contract is in page_pool.h,
-// the mapping transaction and the entry points in page_pool.cc.
+// the refusal helpers that count outcomes, usability, the capacity snapshot,
+// planning (every capacity refusal is decided there, before anything is taken),
+// memory limits, trim and page occupancy. Part of the page_pool target; the
+// contract is in page_pool.h, the mapping transaction and the entry points in
+// page_pool.cc.
 
 #include <algorithm>
 #include <cstdio>
@@ -24,6 +25,27 @@ const char* LimitOutcomeName(LimitOutcome o) {
     case LimitOutcome::kConflict: return "CONFLICT";
   }
   return "?";
+}
+
+// ---------------------------------------------------------------------------
+// Refusals
+
+absl::Status PagePool::RefuseLocked(Counted counted, FailureReason reason,
+                                    absl::string_view message,
+                                    FailureMetadata metadata,
+                                    std::vector<FieldViolation> violations) {
+  if (counted == Counted::kYes) ++stats_.outcomes[static_cast<int>(reason)];
+  return MakeFailure(reason, message, std::move(metadata),
+                     std::move(violations));
+}
+
+absl::Status PagePool::InvalidFieldLocked(Counted counted,
+                                          absl::string_view field,
+                                          absl::string_view description) {
+  if (counted == Counted::kYes) {
+    ++stats_.outcomes[static_cast<int>(FailureReason::kInvalidArgument)];
+  }
+  return InvalidField(field, description);
 }
 
 // ---------------------------------------------------------------------------
