@@ -39,10 +39,12 @@ void BundleMapper::FreeRanges() {
 }
 
 absl::Status BundleMapper::Release(int device, PhysicalHandle handle) {
-  const Bytes size = geometry_->bundle_bytes();
-  if (budgets_ != nullptr) budgets_->ReleaseStarting(device, size);
+  const Bytes taken =
+      budgets_ == nullptr
+          ? Bytes(0)
+          : budgets_->ReleaseStarting(device, geometry_->bundle_bytes());
   absl::Status s = backend_->Release(device, handle);
-  if (budgets_ != nullptr) budgets_->ReleaseFinished(device, size, s.ok());
+  if (budgets_ != nullptr) budgets_->ReleaseFinished(device, taken, s.ok());
   return s;
 }
 

@@ -123,20 +123,22 @@ void DeviceBudgets::CreateFinished(int device, Bytes bytes, bool ok) {
   ++d.changes;
 }
 
-void DeviceBudgets::ReleaseStarting(int device, Bytes bytes) {
+Bytes DeviceBudgets::ReleaseStarting(int device, Bytes bytes) {
   absl::MutexLock lock(&mu_);
   Device& d = devices_.at(device);
-  d.created -= bytes;
-  d.releasing += bytes;
-  d.release_started_total += bytes;
+  const Bytes taken = std::min(bytes, d.created);
+  d.created -= taken;
+  d.releasing += taken;
+  d.release_started_total += taken;
   ++d.changes;
+  return taken;
 }
 
-void DeviceBudgets::ReleaseFinished(int device, Bytes bytes, bool ok) {
+void DeviceBudgets::ReleaseFinished(int device, Bytes taken, bool ok) {
   absl::MutexLock lock(&mu_);
   Device& d = devices_.at(device);
-  d.releasing -= bytes;
-  if (!ok) d.created += bytes;  // still there
+  d.releasing -= taken;
+  if (!ok) d.created += taken;  // still there
   ++d.changes;
 }
 

@@ -84,8 +84,11 @@ class DeviceBudgets {
   void CreateStarting(int device, Bytes bytes) ABSL_LOCKS_EXCLUDED(mu_);
   void CreateFinished(int device, Bytes bytes, bool ok)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void ReleaseStarting(int device, Bytes bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  void ReleaseFinished(int device, Bytes bytes, bool ok)
+  // ReleaseStarting returns the bytes it took off `created` (less than
+  // `bytes` only for a handle the broker no longer counts, such as one
+  // released already); ReleaseFinished takes that back.
+  Bytes ReleaseStarting(int device, Bytes bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseFinished(int device, Bytes taken, bool ok)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   DeviceBudgetSnapshot Snapshot(int device) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -176,9 +176,10 @@ TEST(DeviceBudgetsTest, OwnMemoryIsCountedOnceAcrossRefreshes) {
 
   // Release, then uncharge: the budget returns, refreshed or not.
   for (PhysicalHandle h : handles) {
-    budgets.ReleaseStarting(0, MiB(2));
+    const Bytes taken = budgets.ReleaseStarting(0, MiB(2));
+    EXPECT_EQ(taken, MiB(2));
     ASSERT_TRUE(host.Release(0, h).ok());
-    budgets.ReleaseFinished(0, MiB(2), true);
+    budgets.ReleaseFinished(0, taken, true);
   }
   budgets.Uncharge({0}, MiB(2), 3);
   EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 10);
@@ -219,17 +220,40 @@ TEST(DeviceBudgetsTest, RefreshAtEveryStepOfAPageIsExact) {
   // A release under way: the charge still holds the page, and a refresh
   // that cannot tell whether the driver let it go yet counts it as gone
   // from the broker but still on the device (one bundle too strict).
-  budgets.ReleaseStarting(0, MiB(2));
+  const Bytes taken = budgets.ReleaseStarting(0, MiB(2));
   ASSERT_TRUE(budgets.Refresh(0).ok());
   EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 8);
   ASSERT_TRUE(host.Release(0, *h).ok());
   ASSERT_TRUE(budgets.Refresh(0).ok());
   EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 9);
-  budgets.ReleaseFinished(0, MiB(2), true);
+  budgets.ReleaseFinished(0, taken, true);
   EXPECT_EQ(affordable_across_refresh(), 9);  // still charged
   budgets.Uncharge({0}, MiB(2), 1);
   EXPECT_EQ(affordable_across_refresh(), 10);
   EXPECT_EQ(budgets.Snapshot(0).created, Bytes(0));
+}
+
+// A release the broker does not count (a handle released already, released
+// again) changes nothing, whether the backend accepts it or not.
+TEST(DeviceBudgetsTest, ReleaseOfAnUncountedHandleChangesNothing) {
+  HostBackend host(Devices(1, MiB(20)));
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  budgets.CreateStarting(0, MiB(2));
+  budgets.CreateFinished(0, MiB(2), true);
+  const Bytes first = budgets.ReleaseStarting(0, MiB(2));
+  budgets.ReleaseFinished(0, first, true);
+  const Bytes again = budgets.ReleaseStarting(0, MiB(2));
+  EXPECT_EQ(again, Bytes(0));
+  budgets.ReleaseFinished(0, again, false);
+  EXPECT_EQ(budgets.Snapshot(0).created, Bytes(0));
+  // A failed release of a counted handle puts it back.
+  budgets.CreateStarting(0, MiB(2));
+  budgets.CreateFinished(0, MiB(2), true);
+  const Bytes taken = budgets.ReleaseStarting(0, MiB(2));
+  EXPECT_EQ(budgets.Snapshot(0).created, Bytes(0));
+  budgets.ReleaseFinished(0, taken, false);
+  EXPECT_EQ(budgets.Snapshot(0).created, MiB(2));
 }
 
 // Runs `during` inside the next `times` QueryMemory calls, before they read
