@@ -10,9 +10,11 @@
 
 namespace kvbroker {
 
-BundleMapper::BundleMapper(const Geometry* geometry, Backend* backend)
+BundleMapper::BundleMapper(const Geometry* geometry, Backend* backend,
+                           DeviceBudgets* budgets)
     : geometry_(geometry),
       backend_(backend),
+      budgets_(budgets),
       slots_(geometry->page_count().value() * geometry->device_count()) {}
 
 BundleMapper::~BundleMapper() {
@@ -71,6 +73,16 @@ void BundleMapper::FreeRanges() {
   ranges_.clear();
 }
 
+absl::Status BundleMapper::Release(int device, PhysicalHandle handle) {
+  const Bytes taken =
+      budgets_ == nullptr
+          ? Bytes(0)
+          : budgets_->ReleaseStarting(device, geometry_->bundle_bytes());
+  absl::Status s = backend_->Release(device, handle);
+  if (budgets_ != nullptr) budgets_->ReleaseFinished(device, taken, s.ok());
+  return s;
+}
+
 BundleMapper::MapOutcome BundleMapper::Map(PageId p) {
   const Geometry& g = *geometry_;
   const Bytes size = g.bundle_bytes();
@@ -82,7 +94,9 @@ BundleMapper::MapOutcome BundleMapper::Map(PageId p) {
     const int dev = g.devices()[i];
     const uint64_t va = ranges_[i].base + offset;
     Slot& slot = slots_[p * n + i];
+    if (budgets_ != nullptr) budgets_->CreateStarting(dev, size);
     absl::StatusOr<PhysicalHandle> h = backend_->Create(dev, size);
+    if (budgets_ != nullptr) budgets_->CreateFinished(dev, size, h.ok());
     if (!h.ok()) {
       error = h.status();
       break;
@@ -123,7 +137,7 @@ absl::Status BundleMapper::Undo(PageId p) {
       if (s.ok()) slot.step = Step::kCreated;
     }
     if (slot.step == Step::kCreated) {
-      s = backend_->Release(dev, slot.handle);
+      s = Release(dev, slot.handle);
       if (s.ok()) {
         slot = Slot();
         held_handles_.fetch_sub(1, std::memory_order_relaxed);

@@ -10,7 +10,9 @@
 // For engines (SPEC section 10) it also keeps, per page and device, the fd
 // its handle was exported as: exported at most once, at the first Export,
 // and closed when the handle's page is unmapped or unwound, or the mapper is
-// destroyed, whatever the path.
+// destroyed, whatever the path. It reports every allocation it creates or
+// releases to the device budgets, which tell the broker's own memory from
+// other processes' by it (device_budget.h).
 //
 // Thread safety: calls for different page ids may run at the same time, on
 // any threads, without a lock: each page id has its own handle slots, fixed
@@ -29,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "allocator/backend.h"
+#include "allocator/device_budget.h"
 #include "allocator/geometry.h"
 #include "allocator/units.h"
 
@@ -46,8 +49,10 @@ class BundleMapper {
     absl::Duration took;  // of a successful mapping
   };
 
-  // `geometry` and `backend` must outlive the mapper.
-  BundleMapper(const Geometry* geometry, Backend* backend);
+  // `geometry`, `backend` and `budgets` (when not null) must outlive the
+  // mapper.
+  BundleMapper(const Geometry* geometry, Backend* backend,
+               DeviceBudgets* budgets = nullptr);
   // Closes every exported fd still open.
   ~BundleMapper();
 
@@ -113,9 +118,12 @@ class BundleMapper {
 
   // The reverse steps owed by page p's slots, last device first.
   absl::Status Undo(PageId p);
+  // backend_->Release, reported to the budgets around the call.
+  absl::Status Release(int device, PhysicalHandle handle);
 
   const Geometry* const geometry_;
   Backend* const backend_;
+  DeviceBudgets* const budgets_;      // may be null
   std::vector<VirtualRange> ranges_;  // one per device of the pool
   // slots_[p * devices + i]: page p's allocation on the pool's i-th device.
   std::vector<Slot> slots_;

@@ -28,18 +28,44 @@ absl::Status DeviceBudgets::RefreshAll() {
 }
 
 absl::Status DeviceBudgets::Refresh(int device) {
-  Bytes charged_before;
-  {
+  absl::StatusOr<MemoryInfo> info;
+  Bytes created_at_query;
+  for (int attempt = 0;; ++attempt) {
+    int64_t changes_before;
+    Bytes created_before, release_started_before;
+    {
+      absl::MutexLock lock(&mu_);
+      const Device& d = devices_.at(device);
+      changes_before = d.changes;
+      created_before = d.created;
+      release_started_before = d.release_started_total;
+    }
+    info = backend_->QueryMemory(device);
+    if (!info.ok()) return info.status();
     absl::MutexLock lock(&mu_);
-    charged_before = devices_.at(device).charged;
+    const Device& d = devices_[device];
+    if (d.changes == changes_before && d.creating == Bytes(0) &&
+        d.releasing == Bytes(0)) {
+      created_at_query = created_before;  // exact
+      break;
+    }
+    if (attempt + 1 == kRefreshAttempts) {
+      // The query saw at least what surely existed before it, less what
+      // started to be released since.
+      created_at_query = Bytes(std::max<int64_t>(
+          0, created_before.value() - (d.release_started_total.value() -
+                                       release_started_before.value())));
+      break;
+    }
   }
-  absl::StatusOr<MemoryInfo> info = backend_->QueryMemory(device);
-  if (!info.ok()) return info.status();
   absl::MutexLock lock(&mu_);
   Device& d = devices_[device];
   d.total = info->total;
   d.driver_free = info->free;
-  d.charged_at_refresh = charged_before;
+  // Clamped: a driver that reports more free than it can have errs towards
+  // no external use, not towards a negative one.
+  d.external = Bytes(std::max<int64_t>(
+      0, info->total.value() - info->free.value() - created_at_query.value()));
   // Rounded to the nearest byte: 1 - 0.95 is not exact in binary and must not
   // cost a whole bundle.
   d.headroom = Bytes(std::llround(static_cast<double>(info->total.value()) *
@@ -49,9 +75,8 @@ absl::Status DeviceBudgets::Refresh(int device) {
 }
 
 int64_t DeviceBudgets::BudgetLocked(const Device& d) const {
-  int64_t free_now = d.driver_free.value() -
-                     (d.charged.value() - d.charged_at_refresh.value());
-  return std::max<int64_t>(0, free_now - d.headroom.value());
+  return std::max<int64_t>(0, d.total.value() - d.headroom.value() -
+                                  d.external.value() - d.charged.value());
 }
 
 int64_t DeviceBudgets::AffordableBundles(absl::Span<const int> devices,
@@ -83,6 +108,40 @@ void DeviceBudgets::Uncharge(absl::Span<const int> devices, Bytes bundle,
   for (int dev : devices) devices_[dev].charged -= bundle * count;
 }
 
+void DeviceBudgets::CreateStarting(int device, Bytes bytes) {
+  absl::MutexLock lock(&mu_);
+  Device& d = devices_.at(device);
+  d.creating += bytes;
+  ++d.changes;
+}
+
+void DeviceBudgets::CreateFinished(int device, Bytes bytes, bool ok) {
+  absl::MutexLock lock(&mu_);
+  Device& d = devices_.at(device);
+  d.creating -= bytes;
+  if (ok) d.created += bytes;
+  ++d.changes;
+}
+
+Bytes DeviceBudgets::ReleaseStarting(int device, Bytes bytes) {
+  absl::MutexLock lock(&mu_);
+  Device& d = devices_.at(device);
+  const Bytes taken = std::min(bytes, d.created);
+  d.created -= taken;
+  d.releasing += taken;
+  d.release_started_total += taken;
+  ++d.changes;
+  return taken;
+}
+
+void DeviceBudgets::ReleaseFinished(int device, Bytes taken, bool ok) {
+  absl::MutexLock lock(&mu_);
+  Device& d = devices_.at(device);
+  d.releasing -= taken;
+  if (!ok) d.created += taken;  // still there
+  ++d.changes;
+}
+
 DeviceBudgetSnapshot DeviceBudgets::Snapshot(int device) const {
   absl::MutexLock lock(&mu_);
   const Device& d = devices_.at(device);
@@ -92,6 +151,8 @@ DeviceBudgetSnapshot DeviceBudgets::Snapshot(int device) const {
   s.driver_free = d.driver_free;
   s.headroom = d.headroom;
   s.charged = d.charged;
+  s.created = d.created;
+  s.external = d.external;
   s.budget = Bytes(BudgetLocked(d));
   s.refreshes = d.refreshes;
   return s;

@@ -3,19 +3,23 @@
 //
 // For each device:
 //   headroom   = total * (1 - gpu_memory_utilization)
-//   free_now   = driver_free - (charged - charged_at_refresh)
-//   budget     = max(0, free_now - headroom)
-// where `driver_free` is the driver's view at the last refresh (it includes
-// this broker's own allocations at that moment), `charged` is the bytes this
-// broker has committed to map on the device (kept exact: charged before a
-// page is created, uncharged after it is released) and `charged_at_refresh`
-// is `charged` sampled just before the driver query. Other processes' use is
-// picked up by Refresh, which the broker calls in the background and the
-// pools call after every mapping failure.
+//   external   = total - driver_free - created_at_query
+//   budget     = max(0, total - headroom - external - charged)
+// `charged` is the bytes this broker has committed to hold on the device:
+// charged before a page's physical allocation is created, uncharged after
+// it is released, so it covers every allocation that exists and every one
+// about to. `created` is the bytes of this broker's allocations that surely
+// exist: the mapper reports each create once it succeeded and each release
+// before it starts. A refresh asks the driver for its free memory and
+// subtracts what it knows is its own, so `external` is what other
+// processes use, and nothing of the broker's own is counted twice or not at
+// all, whichever step a page is at when the refresh runs (docs/design.md,
+// "Device budgets").
 //
-// Sampling `charged` before the query errs on the safe side: a charge that
-// lands during the query is counted twice until the next refresh, never zero
-// times.
+// `created_at_query` is exact when no create or release was under way
+// during the driver query; a refresh retries a few times until none was,
+// else it takes the lowest `created` the query can have seen, which errs
+// towards a smaller budget until the next refresh, never a larger one.
 //
 // Charging is how pools on the same device avoid promising the same memory:
 // a pool charges the bundles it is about to map under this object's lock,
@@ -43,8 +47,10 @@ struct DeviceBudgetSnapshot {
   Bytes total;
   Bytes driver_free;  // at the last refresh
   Bytes headroom;
-  Bytes charged;  // bytes this broker holds on the device
-  Bytes budget;   // what pools may still map
+  Bytes charged;   // bytes this broker holds or is about to hold
+  Bytes created;   // bytes of this broker's allocations that exist
+  Bytes external;  // other processes' use at the last refresh
+  Bytes budget;    // what pools may still map
   int64_t refreshes = 0;
 };
 
@@ -73,6 +79,18 @@ class DeviceBudgets {
   void Uncharge(absl::Span<const int> devices, Bytes bundle, int64_t count)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The mapper brackets each backend Create and Release of `bytes` on
+  // `device` with these; `ok` is whether the call succeeded.
+  void CreateStarting(int device, Bytes bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  void CreateFinished(int device, Bytes bytes, bool ok)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // ReleaseStarting returns the bytes it took off `created` (less than
+  // `bytes` only for a handle the broker no longer counts, such as one
+  // released already); ReleaseFinished takes that back.
+  Bytes ReleaseStarting(int device, Bytes bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseFinished(int device, Bytes taken, bool ok)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   DeviceBudgetSnapshot Snapshot(int device) const ABSL_LOCKS_EXCLUDED(mu_);
   double gpu_memory_utilization() const { return utilization_; }
   int device_count() const { return device_count_; }
@@ -82,10 +100,21 @@ class DeviceBudgets {
     Bytes total;
     Bytes driver_free;
     Bytes charged;
-    Bytes charged_at_refresh;
     Bytes headroom;
+    Bytes external;
+    // What the driver holds for this broker lies in
+    // [created, created + creating + releasing].
+    Bytes created;
+    Bytes creating;
+    Bytes releasing;
+    // Monotonic: bytes whose release has started; and every change above.
+    Bytes release_started_total;
+    int64_t changes = 0;
     int64_t refreshes = 0;
   };
+
+  // Refreshes attempted before settling for the lower bound of `created`.
+  static constexpr int kRefreshAttempts = 3;
 
   int64_t BudgetLocked(const Device& d) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,9 +1,12 @@
-// Tests of the per-device physical budget (docs/design.md, "Capacity"; scenarios P1-P3):
-// headroom, saturation, the minimum over devices, exact own-use charging and
-// the refresh of other processes' use.
+// Tests of the per-device physical budget (docs/design.md, "Capacity";
+// scenarios P1-P3): headroom, saturation, the minimum over devices, exact
+// own-use charging and the refresh of other processes' use.
 
 #include "allocator/device_budget.h"
 
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -160,8 +163,10 @@ TEST(DeviceBudgetsTest, OwnMemoryIsCountedOnceAcrossRefreshes) {
   ASSERT_TRUE(budgets.TryCharge({0}, MiB(2), 3));
   std::vector<PhysicalHandle> handles;
   for (int i = 0; i < 3; ++i) {
+    budgets.CreateStarting(0, MiB(2));
     absl::StatusOr<PhysicalHandle> h = host.Create(0, MiB(2));
     ASSERT_TRUE(h.ok()) << h.status();
+    budgets.CreateFinished(0, MiB(2), true);
     handles.push_back(*h);
   }
   EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 7);
@@ -170,11 +175,179 @@ TEST(DeviceBudgetsTest, OwnMemoryIsCountedOnceAcrossRefreshes) {
   EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 7);
 
   // Release, then uncharge: the budget returns, refreshed or not.
-  for (PhysicalHandle h : handles) ASSERT_TRUE(host.Release(0, h).ok());
+  for (PhysicalHandle h : handles) {
+    const Bytes taken = budgets.ReleaseStarting(0, MiB(2));
+    EXPECT_EQ(taken, MiB(2));
+    ASSERT_TRUE(host.Release(0, h).ok());
+    budgets.ReleaseFinished(0, taken, true);
+  }
   budgets.Uncharge({0}, MiB(2), 3);
   EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 10);
   ASSERT_TRUE(budgets.Refresh(0).ok());
   EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 10);
+}
+
+// A refresh at every step of a page's life: charged, being created,
+// created, being released, released, uncharged. The budget is the same
+// before and after each refresh; while a create or release is under way
+// the refresh errs on the small side and the next quiet one is exact.
+TEST(DeviceBudgetsTest, RefreshAtEveryStepOfAPageIsExact) {
+  HostBackend host(Devices(1, MiB(20)));
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  auto affordable_across_refresh = [&] {
+    const int64_t before = budgets.AffordableBundles({0}, MiB(2));
+    EXPECT_TRUE(budgets.Refresh(0).ok());
+    EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), before);
+    return before;
+  };
+  EXPECT_EQ(affordable_across_refresh(), 10);
+  // Charged, not created: the driver does not see it, the charge does.
+  ASSERT_TRUE(budgets.TryCharge({0}, MiB(2), 1));
+  EXPECT_EQ(affordable_across_refresh(), 9);
+  EXPECT_EQ(budgets.Snapshot(0).external, Bytes(0));
+  // The create returned but is not yet reported: the driver sees the page,
+  // and the refresh cannot tell it from another process's.
+  budgets.CreateStarting(0, MiB(2));
+  absl::StatusOr<PhysicalHandle> h = host.Create(0, MiB(2));
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 8);
+  budgets.CreateFinished(0, MiB(2), true);
+  EXPECT_EQ(budgets.Snapshot(0).created, MiB(2));
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  EXPECT_EQ(affordable_across_refresh(), 9);
+  // A release under way: the charge still holds the page, and a refresh
+  // that cannot tell whether the driver let it go yet counts it as gone
+  // from the broker but still on the device (one bundle too strict).
+  const Bytes taken = budgets.ReleaseStarting(0, MiB(2));
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 8);
+  ASSERT_TRUE(host.Release(0, *h).ok());
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 9);
+  budgets.ReleaseFinished(0, taken, true);
+  EXPECT_EQ(affordable_across_refresh(), 9);  // still charged
+  budgets.Uncharge({0}, MiB(2), 1);
+  EXPECT_EQ(affordable_across_refresh(), 10);
+  EXPECT_EQ(budgets.Snapshot(0).created, Bytes(0));
+}
+
+// A release the broker does not count (a handle released already, released
+// again) changes nothing, whether the backend accepts it or not.
+TEST(DeviceBudgetsTest, ReleaseOfAnUncountedHandleChangesNothing) {
+  HostBackend host(Devices(1, MiB(20)));
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  budgets.CreateStarting(0, MiB(2));
+  budgets.CreateFinished(0, MiB(2), true);
+  const Bytes first = budgets.ReleaseStarting(0, MiB(2));
+  budgets.ReleaseFinished(0, first, true);
+  const Bytes again = budgets.ReleaseStarting(0, MiB(2));
+  EXPECT_EQ(again, Bytes(0));
+  budgets.ReleaseFinished(0, again, false);
+  EXPECT_EQ(budgets.Snapshot(0).created, Bytes(0));
+  // A failed release of a counted handle puts it back.
+  budgets.CreateStarting(0, MiB(2));
+  budgets.CreateFinished(0, MiB(2), true);
+  const Bytes taken = budgets.ReleaseStarting(0, MiB(2));
+  EXPECT_EQ(budgets.Snapshot(0).created, Bytes(0));
+  budgets.ReleaseFinished(0, taken, false);
+  EXPECT_EQ(budgets.Snapshot(0).created, MiB(2));
+}
+
+// Runs `during` inside the next `times` QueryMemory calls, before they read
+// the device: what another thread would do while a refresh asks the driver.
+// Counts the queries; forwards everything else.
+class QueryHookBackend final : public Backend {
+ public:
+  explicit QueryHookBackend(Backend* target) : t_(target) {}
+  void Hook(int times, std::function<void()> during) {
+    times_ = times;
+    during_ = std::move(during);
+  }
+  int queries() const { return queries_; }
+
+  std::string name() const override { return t_->name(); }
+  int device_count() const override { return t_->device_count(); }
+  Bytes granularity(int d) const override { return t_->granularity(d); }
+  absl::StatusOr<VirtualRange> ReserveRange(int d, Bytes size) override {
+    return t_->ReserveRange(d, size);
+  }
+  absl::Status FreeRange(int d, VirtualRange r) override {
+    return t_->FreeRange(d, r);
+  }
+  absl::StatusOr<PhysicalHandle> Create(int d, Bytes size) override {
+    return t_->Create(d, size);
+  }
+  absl::Status Map(int d, uint64_t a, Bytes size, PhysicalHandle h) override {
+    return t_->Map(d, a, size, h);
+  }
+  absl::Status SetAccess(int d, uint64_t a, Bytes size) override {
+    return t_->SetAccess(d, a, size);
+  }
+  absl::Status Unmap(int d, uint64_t a, Bytes size) override {
+    return t_->Unmap(d, a, size);
+  }
+  absl::Status Release(int d, PhysicalHandle h) override {
+    return t_->Release(d, h);
+  }
+  absl::StatusOr<MemoryInfo> QueryMemory(int device) override {
+    ++queries_;
+    if (times_ > 0) {
+      --times_;
+      during_();
+    }
+    return t_->QueryMemory(device);
+  }
+
+ private:
+  Backend* const t_;
+  int times_ = 0;
+  int queries_ = 0;
+  std::function<void()> during_;
+};
+
+TEST(DeviceBudgetsTest, CreateDuringTheQueryIsRetried) {
+  HostBackend host(Devices(1, MiB(20)));
+  QueryHookBackend hooked(&host);
+  DeviceBudgets budgets(&hooked, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  ASSERT_TRUE(budgets.TryCharge({0}, MiB(2), 1));
+  hooked.Hook(1, [&] {
+    budgets.CreateStarting(0, MiB(2));
+    ASSERT_TRUE(host.Create(0, MiB(2)).ok());
+    budgets.CreateFinished(0, MiB(2), true);
+  });
+  const int64_t queries = hooked.queries();
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  // The first answer could not be placed against `created`; the second is.
+  EXPECT_EQ(hooked.queries(), queries + 2);
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 9);
+  EXPECT_EQ(budgets.Snapshot(0).external, Bytes(0));
+}
+
+TEST(DeviceBudgetsTest, CreatesDuringEveryAttemptErrOnTheSmallSide) {
+  HostBackend host(Devices(1, MiB(20)));
+  QueryHookBackend hooked(&host);
+  DeviceBudgets budgets(&hooked, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  ASSERT_TRUE(budgets.TryCharge({0}, MiB(2), 3));
+  hooked.Hook(3, [&] {
+    budgets.CreateStarting(0, MiB(2));
+    ASSERT_TRUE(host.Create(0, MiB(2)).ok());
+    budgets.CreateFinished(0, MiB(2), true);
+  });
+  const int64_t queries = hooked.queries();
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  EXPECT_EQ(hooked.queries(), queries + 3);
+  // The last query saw 3 pages, of which only the 2 created before it are
+  // known for sure: the third counts as another process's until the next
+  // refresh. Too small by one bundle, never too large.
+  EXPECT_EQ(budgets.Snapshot(0).external, MiB(2));
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 6);
+  ASSERT_TRUE(budgets.Refresh(0).ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 7);
 }
 
 TEST(DeviceBudgetsTest, ExternalUseBeyondTotalSaturates) {

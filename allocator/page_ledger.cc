@@ -164,6 +164,21 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
       taken += 64;
       continue;
     }
+    const int64_t count = __builtin_popcountll(bits);
+    const int shift = bits == 0 ? 0 : __builtin_ctzll(bits);
+    if (count > 0 && count <= n - taken &&
+        (((bits >> shift) + 1) & (bits >> shift)) == 0) {
+      // One run of set bits, all of it needed (a fresh page's part of a
+      // word): fill, not bit by bit.
+      const BlockId first = (word << 6) + shift;
+      std::fill_n(owner_.begin() + first, count, owner);
+      const size_t at = out->size();
+      out->resize(at + count);
+      std::iota(out->begin() + at, out->end(), first);
+      free_bits_[word] &= ~bits;
+      taken += count;
+      continue;
+    }
     uint64_t took = 0;
     while (bits != 0 && taken < n) {
       const uint64_t lowest = bits & (~bits + 1);
@@ -313,6 +328,31 @@ std::vector<PageId> PageLedger::ReturnBlocks(
     Detach(p);  // OPEN or FULL: it holds block ascending[i]
     touched.push_back(p);
     int64_t reserved = 0, allocated = 0;
+    // A consecutive run of ids (a call giving back what one Alloc took):
+    // count and clear the owners over the range, set the bits a word at a
+    // time.
+    size_t run = i + 1;
+    while (run < ascending.size() && ascending[run] < page.end &&
+           ascending[run] == ascending[run - 1] + 1) {
+      ++run;
+    }
+    if (run - i >= 8 &&
+        (run == ascending.size() || ascending[run] >= page.end)) {
+      const BlockId first = ascending[i];
+      const BlockId end = ascending[run - 1] + 1;
+      reserved = std::count(owner_.begin() + first, owner_.begin() + end,
+                            BlockOwner::kReserved);
+      allocated = (end - first) - reserved;
+      std::fill(owner_.begin() + first, owner_.begin() + end,
+                BlockOwner::kNone);
+      for (int64_t word = first >> 6; (word << 6) < end; ++word) {
+        uint64_t mask = ~uint64_t{0};
+        if ((word << 6) < first) mask &= ~uint64_t{0} << (first & 63);
+        if (((word + 1) << 6) > end) mask &= ~uint64_t{0} >> (64 - (end & 63));
+        free_bits_[word] |= mask;
+      }
+      i = run;
+    }
     for (; i < ascending.size() && ascending[i] < page.end; ++i) {
       const BlockId b = ascending[i];
       if (owner_[b] == BlockOwner::kReserved) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
@@ -27,7 +28,7 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       budgets_(budgets),
       clock_(clock),
       options_(std::move(options)),
-      mapper_(&geometry_, backend),
+      mapper_(&geometry_, backend, budgets),
       announcer_(&geometry_, &mapper_),
       ledger_(&geometry_),
       tags_(geometry_.max_blocks()),
@@ -35,6 +36,8 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       remembered_(options_.idempotency_window, options_.idempotency_capacity) {
   absl::MutexLock lock(&mu_);
   generation_ = options_.initial_generation;
+  target_pages_ = geometry_.page_count().value();
+  PublishLocked();
 }
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
@@ -105,7 +108,7 @@ absl::Status PagePool::Init() {
       if (!m.status.ok()) {
         if (!m.unwound) ++stranded_pages_;
         ledger_.AbortMap({p});
-        result = MappingErrorLocked(m, 1, &epi.log);
+        result = MappingErrorLocked(m, 1, &epi.log, Counted::kNo);
       } else {
         stats_.map_latency.Record(m.took);
         ++stats_.pages_mapped_total;
@@ -114,6 +117,7 @@ absl::Status PagePool::Init() {
         ledger_.CommitMap(p, BlockCount(1), BlockOwner::kNull, &got);
       }
     }
+    PublishLocked();
   }
   if (!epi.log.empty()) std::fputs(epi.log.c_str(), stderr);
   return result;
@@ -144,6 +148,7 @@ absl::Status PagePool::Shutdown(bool force) {
          {std::string(error_key::kAllocatedBlocks), Num(allocated)},
          {std::string(error_key::kReservedBlocks), Num(reserved)}});
   }
+  PublishLocked();
   mu_.Await(absl::Condition(
       +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
   shut_down_ = true;
@@ -206,6 +211,7 @@ int64_t PagePool::backend_handles() const { return mapper_.held_handles(); }
 void PagePool::WithoutLock(absl::FunctionRef<void()> work)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
   mu_.AssertHeld();
+  PublishLocked();
   mu_.Unlock();
   work();
   mu_.Lock();
@@ -219,12 +225,13 @@ PagePool::Acquisition PagePool::BeginAcquireLocked(const Plan& plan,
                                                    Reservation* reservation) {
   Acquisition acq;
   acq.owner = owner;
+  acq.blocks.reserve(plan.from_reservation + plan.from_pool);
   if (plan.from_reservation > 0) {
     acq.reservation_id = reservation->id;
     acq.from_reservation =
         ReservationTable::TakeFront(*reservation, plan.from_reservation);
     ledger_.Reassign(acq.from_reservation, BlockOwner::kAllocated);
-    acq.blocks = acq.from_reservation;
+    acq.blocks.assign(acq.from_reservation.begin(), acq.from_reservation.end());
   }
   if (plan.new_pages == 0) {
     ledger_.TakeMapped(BlockCount(plan.from_pool), owner, &acq.blocks,
@@ -326,7 +333,7 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
     }
   }
   acq->blocks.clear();
-  return MappingErrorLocked(m, requested, log);
+  return MappingErrorLocked(m, requested, log, Counted::kYes);
 }
 
 // ---------------------------------------------------------------------------
@@ -399,7 +406,6 @@ int64_t PagePool::LandUnmapsLocked(std::vector<Unmap>* unmaps,
   bool any_failed = false;
   for (const Unmap& u : *unmaps) {
     if (u.status.ok()) {
-      budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), 1);
       tags_.Forget(ledger_.page(u.page).begin, ledger_.page(u.page).end);
       ledger_.FinishUnmap(u.page);
       stats_.unmap_latency.Record(u.took);
@@ -429,7 +435,13 @@ int64_t PagePool::LandUnmapsLocked(std::vector<Unmap>* unmaps,
     }
     SettleLimitLocked();
   }
-  if (landed > 0) BumpGenerationLocked();
+  if (landed > 0) {
+    BumpGenerationLocked();
+    // Uncharged once the landed pages are published (docs/design.md,
+    // "Capacity without the lock").
+    PublishLocked();
+    budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), landed);
+  }
   return landed;
 }
 
@@ -450,7 +462,7 @@ void PagePool::AdmitReclaimedLocked() {
 
 absl::Status PagePool::MappingErrorLocked(
     const BundleMapper::MapOutcome& outcome, int64_t requested,
-    std::string* log) {
+    std::string* log, Counted counted) {
   ++stats_.map_failures_total;
   FailureMetadata md = {
       {std::string(error_key::kPool), name()},
@@ -469,21 +481,22 @@ absl::Status PagePool::MappingErrorLocked(
                          : "a failed mapping could not be rolled back: ",
                      outcome.status.message()),
         /*device_lost=*/code == absl::StatusCode::kInternal, log);
-    return MakeFailure(FailureReason::kPoolFailed,
-                       absl::StrCat("pool ", name(), " failed: ", failure_),
-                       std::move(md));
+    return RefuseLocked(counted, FailureReason::kPoolFailed,
+                        absl::StrCat("pool ", name(), " failed: ", failure_),
+                        std::move(md));
   }
   if (code == absl::StatusCode::kResourceExhausted) {
-    return MakeFailure(
-        FailureReason::kGpuMemoryExhausted,
+    return RefuseLocked(
+        counted, FailureReason::kGpuMemoryExhausted,
         absl::StrCat("the device ran out of memory while mapping for pool ",
                      name(), " (rolled back): ", outcome.status.message()),
         std::move(md));
   }
-  return MakeFailure(FailureReason::kMappingFailed,
-                     absl::StrCat("mapping failed for pool ", name(),
-                                  " (rolled back): ", outcome.status.message()),
-                     std::move(md));
+  return RefuseLocked(
+      counted, FailureReason::kMappingFailed,
+      absl::StrCat("mapping failed for pool ", name(),
+                   " (rolled back): ", outcome.status.message()),
+      std::move(md));
 }
 
 void PagePool::MarkFailedLocked(const std::string& why, bool device_lost,
@@ -528,6 +541,9 @@ std::string ReserveFingerprint(const ReserveRequest& r) {
 absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
   Epilogue epi;
   absl::StatusOr<AllocResult> result;
+  // The blocks of a call that nothing remembers are grouped by page after
+  // the lock is released.
+  std::vector<BlockId> ungrouped;
   {
     absl::MutexLock lock(&mu_);
     epi.before = generation_;
@@ -535,9 +551,10 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<AllocResult> {
       if (request.num_blocks < 0) {
-        return InvalidField("num_blocks", "must not be negative");
+        return InvalidFieldLocked(Counted::kYes, "num_blocks",
+                                  "must not be negative");
       }
-      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
       const std::string& id = request.request_id;
       const std::string fingerprint =
           id.empty() ? "" : AllocFingerprint(request);
@@ -547,11 +564,11 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
               ReplayLocked<AllocResult>(id, fingerprint)) {
         return *std::move(replay);
       }
-      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
       if (request.expected_generation.has_value() &&
           *request.expected_generation != generation_) {
-        return MakeFailure(
-            FailureReason::kGenerationMismatch,
+        return RefuseLocked(
+            Counted::kYes, FailureReason::kGenerationMismatch,
             absl::StrCat("pool ", name(), " is at generation ", generation_,
                          ", not ", *request.expected_generation,
                          "; re-read capacity"),
@@ -563,8 +580,8 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       }
       Reservation* reservation = nullptr;
       if (!request.reservation_id.empty()) {
-        KVB_RETURN_IF_ERROR(
-            FindReservationLocked(request.reservation_id, &reservation));
+        KVB_RETURN_IF_ERROR(FindReservationLocked(request.reservation_id,
+                                                  &reservation, Counted::kYes));
       }
       const int64_t from_res =
           reservation == nullptr
@@ -590,17 +607,24 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       AllocResult out;
       out.pages_mapped = plan->new_pages;
       out.num_blocks = static_cast<int64_t>(acq.blocks.size());
-      out.pages = GroupByPage(std::move(acq.blocks));
       if (out.num_blocks > 0 || out.pages_mapped > 0) BumpGenerationLocked();
       out.generation = generation_;
       stats_.blocks_allocated_total += out.num_blocks;
-      if (!id.empty()) RememberLocked(id, fingerprint, out);
+      if (!id.empty()) {
+        out.pages = GroupByPage(std::move(acq.blocks));
+        RememberLocked(id, fingerprint, out);
+      } else {
+        ungrouped = std::move(acq.blocks);
+      }
       return out;
     }();
     CompleteUnmapsLocked(&unmaps, &epi.log);
     ++stats_.alloc_calls;
-    ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
+    if (result.ok()) ++stats_.outcomes[0];
     CloseLocked(&epi);
+  }
+  if (result.ok() && !ungrouped.empty()) {
+    result->pages = GroupByPage(std::move(ungrouped));
   }
   RunEpilogue(epi);
   return result;
@@ -617,12 +641,13 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<ReservationInfo> {
       if (request.num_blocks <= 0) {
-        return InvalidField("num_blocks", "must be positive");
+        return InvalidFieldLocked(Counted::kYes, "num_blocks",
+                                  "must be positive");
       }
       if (request.ttl <= absl::ZeroDuration()) {
-        return InvalidField("ttl", "must be positive");
+        return InvalidFieldLocked(Counted::kYes, "ttl", "must be positive");
       }
-      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
       const std::string& id = request.request_id;
       const std::string fingerprint =
           id.empty() ? "" : ReserveFingerprint(request);
@@ -632,7 +657,7 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
               ReplayLocked<ReservationInfo>(id, fingerprint)) {
         return *std::move(replay);
       }
-      KVB_RETURN_IF_ERROR(CheckUsableLocked());
+      KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
       absl::StatusOr<Plan> plan = PlanLocked(request.num_blocks, 0, nullptr);
       if (!plan.ok()) return plan.status();
       Acquisition acq =
@@ -659,7 +684,7 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
     }();
     CompleteUnmapsLocked(&unmaps, &epi.log);
     ++stats_.reserve_calls;
-    ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
+    if (result.ok()) ++stats_.outcomes[0];
     CloseLocked(&epi);
   }
   RunEpilogue(epi);
@@ -674,7 +699,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
     epi.before = generation_;
     result =
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
-      if (shut_down_) return CheckUsableLocked();
+      if (shut_down_) return CheckUsableLocked(Counted::kYes);
       const std::string& id = request.request_id;
       const std::string fingerprint =
           id.empty() ? "" : FreeFingerprint(request);
@@ -686,17 +711,20 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       }
       // Validate everything before changing anything.
       // Ids as Alloc handed them out are already ascending: no copy then.
+      // One pass when they are strictly ascending (sorted, no repeat).
       std::vector<BlockId> sorted_copy;
       absl::Span<const BlockId> ascending = request.block_ids;
-      if (!std::is_sorted(ascending.begin(), ascending.end())) {
+      auto dup = std::adjacent_find(ascending.begin(), ascending.end(),
+                                    std::greater_equal<BlockId>());
+      if (dup != ascending.end()) {
         sorted_copy.assign(ascending.begin(), ascending.end());
         std::sort(sorted_copy.begin(), sorted_copy.end());
         ascending = sorted_copy;
+        dup = std::adjacent_find(ascending.begin(), ascending.end());
       }
-      if (auto dup = std::adjacent_find(ascending.begin(), ascending.end());
-          dup != ascending.end()) {
-        return MakeFailure(
-            FailureReason::kInvalidArgument,
+      if (dup != ascending.end()) {
+        return RefuseLocked(
+            Counted::kYes, FailureReason::kInvalidArgument,
             absl::StrCat("block ", *dup, " is named more than once"),
             {{std::string(error_key::kField), "block_ids"},
              {std::string(error_key::kBlockId), Num(*dup)}},
@@ -720,8 +748,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         return absl::StrJoin(head, ",");
       };
       if (!not_allocated.empty()) {
-        return MakeFailure(
-            FailureReason::kBlockNotAllocated,
+        return RefuseLocked(
+            Counted::kYes, FailureReason::kBlockNotAllocated,
             absl::StrCat(not_allocated.size(), " of ", request.block_ids.size(),
                          " blocks are not allocated (first: ",
                          not_allocated.front(), "); nothing was freed"),
@@ -734,8 +762,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
               Num(request.block_ids.size())}});
       }
       if (!in_reservation.empty()) {
-        return MakeFailure(
-            FailureReason::kBlockInReservation,
+        return RefuseLocked(
+            Counted::kYes, FailureReason::kBlockInReservation,
             absl::StrCat(in_reservation.size(),
                          " blocks are held by a reservation (first: ",
                          in_reservation.front(),
@@ -763,7 +791,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       return out;
     }();
     ++stats_.free_calls;
-    ++stats_.outcomes[static_cast<int>(GetReason(result.status()))];
+    if (result.ok()) ++stats_.outcomes[0];
     CloseLocked(&epi);
   }
   RunEpilogue(epi);
@@ -782,7 +810,8 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
       if (shut_down_) return CheckUsableLocked();
       ExpireLocked(&epi.log);
       Reservation* r = nullptr;
-      KVB_RETURN_IF_ERROR(FindReservationLocked(reservation_id, &r));
+      KVB_RETURN_IF_ERROR(
+          FindReservationLocked(reservation_id, &r, Counted::kNo));
       const Reservation gone = reservations_.Remove(reservation_id);
       ReleaseResult out;
       out.released_blocks = static_cast<int64_t>(gone.blocks.size());
@@ -800,23 +829,24 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
 }
 
 absl::Status PagePool::FindReservationLocked(const std::string& id,
-                                             Reservation** out) {
+                                             Reservation** out,
+                                             Counted counted) {
   if (Reservation* r = reservations_.Find(id)) {
     *out = r;
     return absl::OkStatus();
   }
   if (reservations_.WasExpired(id)) {
-    return MakeFailure(FailureReason::kReservationExpired,
-                       absl::StrCat("reservation ", id, " in pool ", name(),
-                                    " has expired; its blocks went back to "
-                                    "the pool"),
-                       {{std::string(error_key::kPool), name()},
-                        {std::string(error_key::kReservationId), id}});
+    return RefuseLocked(counted, FailureReason::kReservationExpired,
+                        absl::StrCat("reservation ", id, " in pool ", name(),
+                                     " has expired; its blocks went back to "
+                                     "the pool"),
+                        {{std::string(error_key::kPool), name()},
+                         {std::string(error_key::kReservationId), id}});
   }
-  return MakeFailure(FailureReason::kReservationNotFound,
-                     absl::StrCat("no reservation ", id, " in pool ", name()),
-                     {{std::string(error_key::kPool), name()},
-                      {std::string(error_key::kReservationId), id}});
+  return RefuseLocked(counted, FailureReason::kReservationNotFound,
+                      absl::StrCat("no reservation ", id, " in pool ", name()),
+                      {{std::string(error_key::kPool), name()},
+                       {std::string(error_key::kReservationId), id}});
 }
 
 void PagePool::ExpireLocked(std::string* log) {
@@ -855,6 +885,7 @@ void PagePool::AwaitNotPendingLocked(const std::string& request_id) {
   // The window is read under mu_: Await evaluates the condition with the
   // lock held.
   Args args{&remembered_, &request_id};
+  PublishLocked();
   mu_.Await(absl::Condition(
       +[](Args* a) { return !a->window->IsPending(*a->id); }, &args));
 }
@@ -867,8 +898,8 @@ std::optional<absl::StatusOr<T>> PagePool::ReplayLocked(
       remembered_.Recall(request_id, clock_->Now());
   if (seen == nullptr) return std::nullopt;
   if (seen->fingerprint != fingerprint) {
-    return absl::StatusOr<T>(MakeFailure(
-        FailureReason::kRequestIdReused,
+    return absl::StatusOr<T>(RefuseLocked(
+        Counted::kYes, FailureReason::kRequestIdReused,
         absl::StrCat("request_id ", request_id,
                      " was already used with other parameters in pool ",
                      name()),
@@ -932,7 +963,8 @@ bool PagePool::PreallocStep() {
     } else {
       if (!m.unwound) ++stranded_pages_;
       ledger_.AbortMap({p});
-      (void)MappingErrorLocked(m, 0, &epi.log);  // FAILED when it must be
+      // FAILED when it must be.
+      (void)MappingErrorLocked(m, 0, &epi.log, Counted::kNo);
     }
     CloseLocked(&epi);
   }
@@ -945,22 +977,46 @@ bool PagePool::PreallocStep() {
 
 std::vector<PageBlocks> PagePool::GroupByPage(
     std::vector<BlockId> blocks) const {
-  // Acquisition yields ascending ids within each page; one page's blocks
-  // (the common case) need no sort.
-  if (!std::is_sorted(blocks.begin(), blocks.end())) {
-    std::sort(blocks.begin(), blocks.end());
-  }
   std::vector<PageBlocks> out;
   if (blocks.empty()) return out;
+  // Acquisition yields each page's blocks as one ascending run, pages in the
+  // order they were taken (FREE-list order for fresh pages). Cut the runs,
+  // then order them by page: O(blocks + pages log pages), not a sort of
+  // every id. Should a page appear in two runs (a reservation's blocks and
+  // the pool's on one page), the ids are sorted instead.
+  const auto by_page = [](const PageBlocks& a, const PageBlocks& b) {
+    return a.page_id < b.page_id;
+  };
+  auto run_end = [&](std::vector<BlockId>::iterator it, BlockId end) {
+    for (++it; it != blocks.end() && *it<end&& * it> it[-1]; ++it) {
+    }
+    return it;
+  };
   const PageId first = geometry_.page_of(blocks.front());
-  if (blocks.back() < ledger_.page(first).end) {
+  if (run_end(blocks.begin(), geometry_.range(first).end) == blocks.end()) {
     out.push_back({first, std::move(blocks)});
     return out;
   }
   for (auto it = blocks.begin(); it != blocks.end();) {
-    const PageId p =
-        ledger_.PageOf(*it, out.empty() ? PageId{-1} : out.back().page_id);
-    const BlockId end = ledger_.page(p).end;
+    const PageId p = geometry_.page_of(*it);
+    const auto end = run_end(it, geometry_.range(p).end);
+    out.push_back({p, std::vector<BlockId>(it, end)});
+    it = end;
+  }
+  if (!std::is_sorted(out.begin(), out.end(), by_page)) {
+    std::sort(out.begin(), out.end(), by_page);
+  }
+  if (std::adjacent_find(out.begin(), out.end(),
+                         [](const PageBlocks& a, const PageBlocks& b) {
+                           return a.page_id == b.page_id;
+                         }) == out.end()) {
+    return out;
+  }
+  out.clear();
+  std::sort(blocks.begin(), blocks.end());
+  for (auto it = blocks.begin(); it != blocks.end();) {
+    const PageId p = geometry_.page_of(*it);
+    const BlockId end = geometry_.range(p).end;
     auto group_end =
         std::find_if(it, blocks.end(), [end](BlockId b) { return b >= end; });
     out.push_back({p, std::vector<BlockId>(it, group_end)});
@@ -974,6 +1030,7 @@ void PagePool::BumpGenerationLocked() { ++generation_; }
 void PagePool::CloseLocked(Epilogue* e) {
   e->after = generation_;
   e->prealloc = NeedsPreallocLocked();
+  PublishLocked();
 }
 
 void PagePool::RunEpilogue(const Epilogue& e) {
@@ -990,14 +1047,10 @@ bool PagePool::NeedsPreallocLocked() const {
 }
 
 uint64_t PagePool::generation() const {
-  absl::MutexLock lock(&mu_);
-  return generation_;
+  return static_cast<uint64_t>(published_.Read().generation);
 }
 
-bool PagePool::healthy() const {
-  absl::MutexLock lock(&mu_);
-  return !failed_;
-}
+bool PagePool::healthy() const { return published_.Read().failed == 0; }
 
 bool PagePool::device_lost() const {
   absl::MutexLock lock(&mu_);
@@ -1019,6 +1072,11 @@ absl::Status PagePool::CheckInvariantsLocked() const {
     return absl::InternalError(absl::StrCat("invariant: ", parts...));
   };
   if (std::string e = ledger_.Check(); !e.empty()) return fail(e);
+  // Checked with mu_ just taken: every release of it published.
+  if (published_.last() != CountersLocked() ||
+      published_.Read() != published_.last()) {
+    return fail("published counters differ from the pool's state");
+  }
   for (const auto& [id, r] : reservations_.live()) {
     for (BlockId b : r.blocks) {
       if (ledger_.owner(b) != BlockOwner::kReserved) {

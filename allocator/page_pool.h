@@ -27,7 +27,10 @@
 //   available = open_free + idle_usable
 //             + FreeList.PrefixSum(min(affordable bundles, |FREE|))
 // from counters and one prefix-sum lookup: O(devices), no driver call.
-// Pages in flight (MAPPING) are neither available nor allocated.
+// Pages in flight (MAPPING) are neither available nor allocated. Capacity
+// reads the counters the last holder of the lock published, without taking
+// the lock, unless it needs more than they hold (docs/design.md, "Capacity
+// without the lock").
 //
 // Invariants, beyond the ledger's (CheckInvariants verifies them all):
 //   reserved   == Σ |blocks| over reservations + blocks a Reserve in flight
@@ -35,6 +38,8 @@
 //   admitted   <= target_pages unless the limit is DEFERRED, in which case
 //                 |FREE| == 0
 //   no page is in flight while no call is.
+//   while mu_ is free: published_ holds CountersLocked() (every release of
+//     mu_ publishes first: CloseLocked, WithoutLock, before each Await).
 //
 // Locking: one absl::Mutex, mu_, guards all mutable state. No backend call,
 // driver query or log line runs under it. A call that must map or unmap
@@ -75,6 +80,7 @@
 #include "allocator/page_ledger.h"
 #include "allocator/page_listener.h"
 #include "allocator/pool_types.h"
+#include "allocator/published_counters.h"
 #include "allocator/reservation_table.h"
 #include "allocator/stats.h"
 #include "allocator/units.h"
@@ -108,7 +114,9 @@ class PagePool {
     return mapper_.range_base(device_index);
   }
 
-  // docs/design.md, "Capacity". Read-only; never calls the driver.
+  // docs/design.md, "Capacity". Read-only; never calls the driver; takes
+  // the pool lock only for a page list, an expired reservation, a FAILED
+  // pool, or devices that cannot afford every FREE page.
   // Errors: POOL_NOT_FOUND after Shutdown.
   absl::StatusOr<CapacitySnapshot> Capacity(const CapacityQuery& query = {})
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -191,8 +199,9 @@ class PagePool {
   int64_t backend_handles() const;
 
   PoolStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
-  uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
-  bool healthy() const ABSL_LOCKS_EXCLUDED(mu_);
+  // From the published counters; never waits for the pool lock.
+  uint64_t generation() const;
+  bool healthy() const;
   // True once a backend call of this pool reported a fatal device error
   // (INTERNAL): the device, not just this pool, is unusable.
   bool device_lost() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -281,9 +290,37 @@ class PagePool {
   void WithoutLock(absl::FunctionRef<void()> work)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- refusals ---
+  // Whether a refusal is counted in PoolStats::outcomes: yes in Alloc, Free
+  // and Reserve, no elsewhere. Each refusal is counted where it is decided,
+  // with the reason it is built from (successes at the end of the call).
+  enum class Counted : bool { kNo, kYes };
+  absl::Status RefuseLocked(Counted counted, FailureReason reason,
+                            absl::string_view message,
+                            FailureMetadata metadata = {},
+                            std::vector<FieldViolation> violations = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InvalidFieldLocked(Counted counted, absl::string_view field,
+                                  absl::string_view description)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // --- capacity and planning ---
   int64_t AffordableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckUsableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Capacity reads without the lock.
+  PoolCounters CountersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes CountersLocked(); runs before every release of mu_.
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The snapshot's scalar fields from `counters` and the budget.
+  void FillCapacity(const PoolCounters& counters, int64_t affordable,
+                    int64_t free_prefix, CapacitySnapshot* c) const;
+  // Capacity under the lock: with the page list, or when the published
+  // counters are not enough.
+  absl::StatusOr<CapacitySnapshot> CapacityLocked(const CapacityQuery& query,
+                                                  std::string* log)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // POOL_NOT_FOUND after Shutdown, POOL_FAILED once failed, else OK.
+  absl::Status CheckUsableLocked(Counted counted = Counted::kNo)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks that `requested` blocks (from_reservation of them from the
   // caller's reservation) can be supplied now and charges the pages to map;
   // or returns the typed refusal, having changed nothing.
@@ -351,7 +388,8 @@ class PagePool {
   // The typed error of a failed, rolled-back (or not) mapping; marks the
   // pool FAILED when the rollback failed or the device is lost.
   absl::Status MappingErrorLocked(const BundleMapper::MapOutcome& outcome,
-                                  int64_t requested, std::string* log)
+                                  int64_t requested, std::string* log,
+                                  Counted counted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkFailedLocked(const std::string& why, bool device_lost,
                         std::string* log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -364,7 +402,8 @@ class PagePool {
   // that causes (dropping the lock for them); reads the clock only when a
   // reservation exists.
   void ExpireLocked(std::string* log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status FindReservationLocked(const std::string& id, Reservation** out)
+  absl::Status FindReservationLocked(const std::string& id, Reservation** out,
+                                     Counted counted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) while a call under `request_id` is in flight.
   void AwaitNotPendingLocked(const std::string& request_id)
@@ -379,8 +418,9 @@ class PagePool {
                       IdempotencyWindow::Outcome outcome)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Groups blocks of one acquisition by page, pages ascending. Reads only
+  // the geometry: callable without the lock.
+  std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks) const;
   LimitInfo LimitInfoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Bytes MappedBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -409,6 +449,8 @@ class PagePool {
 
   // ---- guarded by mu_ ----
   mutable absl::Mutex mu_;
+  // Written under mu_ (PublishLocked), read by anyone without it.
+  PublishedCounters published_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   bool device_lost_ ABSL_GUARDED_BY(mu_) = false;

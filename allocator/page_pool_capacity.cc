@@ -1,10 +1,13 @@
 // PagePool: what the pool can supply and the refusals when it cannot:
-// usability, the capacity snapshot, planning (every capacity refusal is
-// decided there, before anything is taken), memory limits, trim and page
-// occupancy. Part of the page_pool target; the contract is in page_pool.h,
-// the mapping transaction and the entry points in page_pool.cc.
+// the refusal helpers that count outcomes, usability, the capacity snapshot,
+// planning (every capacity refusal is decided there, before anything is taken),
+// memory limits, trim and page occupancy. Part of the page_pool target; the
+// contract is in page_pool.h, the mapping transaction and the entry points in
+// page_pool.cc.
 
 #include <algorithm>
+#include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,27 @@ const char* LimitOutcomeName(LimitOutcome o) {
 }
 
 // ---------------------------------------------------------------------------
+// Refusals
+
+absl::Status PagePool::RefuseLocked(Counted counted, FailureReason reason,
+                                    absl::string_view message,
+                                    FailureMetadata metadata,
+                                    std::vector<FieldViolation> violations) {
+  if (counted == Counted::kYes) ++stats_.outcomes[static_cast<int>(reason)];
+  return MakeFailure(reason, message, std::move(metadata),
+                     std::move(violations));
+}
+
+absl::Status PagePool::InvalidFieldLocked(Counted counted,
+                                          absl::string_view field,
+                                          absl::string_view description) {
+  if (counted == Counted::kYes) {
+    ++stats_.outcomes[static_cast<int>(FailureReason::kInvalidArgument)];
+  }
+  return InvalidField(field, description);
+}
+
+// ---------------------------------------------------------------------------
 // Capacity
 
 int64_t PagePool::AffordableLocked() const {
@@ -32,18 +56,18 @@ int64_t PagePool::AffordableLocked() const {
                                      geometry_.bundle_bytes());
 }
 
-absl::Status PagePool::CheckUsableLocked() const {
+absl::Status PagePool::CheckUsableLocked(Counted counted) {
   if (shut_down_) {
-    return MakeFailure(FailureReason::kPoolNotFound,
-                       absl::StrCat("pool ", name(), " was deleted"),
-                       {{std::string(error_key::kPool), name()}});
+    return RefuseLocked(counted, FailureReason::kPoolNotFound,
+                        absl::StrCat("pool ", name(), " was deleted"),
+                        {{std::string(error_key::kPool), name()}});
   }
   if (failed_) {
-    return MakeFailure(FailureReason::kPoolFailed,
-                       absl::StrCat("pool ", name(), " has failed: ", failure_,
-                                    "; delete and recreate it"),
-                       {{std::string(error_key::kPool), name()},
-                        {std::string(error_key::kFailure), failure_}});
+    return RefuseLocked(counted, FailureReason::kPoolFailed,
+                        absl::StrCat("pool ", name(), " has failed: ", failure_,
+                                     "; delete and recreate it"),
+                        {{std::string(error_key::kPool), name()},
+                         {std::string(error_key::kFailure), failure_}});
   }
   return absl::OkStatus();
 }
@@ -67,94 +91,165 @@ LimitInfo PagePool::LimitInfoLocked() const {
   return info;
 }
 
+PoolCounters PagePool::CountersLocked() const {
+  PoolCounters c;
+  c.generation = static_cast<int64_t>(generation_);
+  c.shut_down = shut_down_ ? 1 : 0;
+  c.failed = failed_ ? 1 : 0;
+  c.mapped_supply = ledger_.mapped_supply().value();
+  c.free_pages = ledger_.free_pages().value();
+  c.free_total = ledger_.FreePrefix(ledger_.free_pages()).value();
+  c.reserved = ledger_.reserved().value();
+  c.allocated = ledger_.allocated().value();
+  c.admitted_usable = ledger_.admitted_usable().value();
+  c.mapped_pages = ledger_.mapped_pages().value();
+  for (int s = 0; s < kPageStates; ++s) {
+    c.pages_by_state[s] = ledger_.pages(static_cast<PageState>(s)).value();
+  }
+  c.limit_state = static_cast<int64_t>(limit_state_);
+  c.limit_bytes = limit_bytes_.value();
+  c.limit_revision = limit_revision_;
+  c.target_pages = target_pages_;
+  c.revoking = static_cast<int64_t>(revoking_.size());
+  if (std::optional<absl::Time> next = reservations_.next_expiry()) {
+    c.next_expiry_ns = absl::ToUnixNanos(*next);
+  }
+  return c;
+}
+
+void PagePool::PublishLocked() { published_.Publish(CountersLocked()); }
+
+void PagePool::FillCapacity(const PoolCounters& k, int64_t affordable,
+                            int64_t free_prefix, CapacitySnapshot* c) const {
+  c->pool = name();
+  c->pool_uid = options_.uid;
+  c->generation = static_cast<uint64_t>(k.generation);
+  c->healthy = k.failed == 0;
+  c->affordable_bundles = affordable;
+  // A FAILED pool refuses allocation, so it has nothing available.
+  c->available_blocks =
+      BlockCount(k.failed != 0 ? 0 : k.mapped_supply + free_prefix);
+  c->available_tokens =
+      c->available_blocks.value() * geometry_.config().tokens_per_block;
+  c->reserved_blocks = BlockCount(k.reserved);
+  c->allocated_blocks = BlockCount(k.allocated);
+  c->total_blocks = BlockCount(k.admitted_usable);
+  auto pages = [&k](PageState s) {
+    return PageCount(k.pages_by_state[static_cast<int>(s)]);
+  };
+  c->pages_free = pages(PageState::kFree);
+  c->pages_mapping = pages(PageState::kMapping);
+  c->pages_idle = pages(PageState::kIdle);
+  c->pages_open = pages(PageState::kOpen);
+  c->pages_full = pages(PageState::kFull);
+  c->pages_reclaimed = pages(PageState::kReclaimed);
+  c->pages_empty = pages(PageState::kEmpty);
+  const int64_t per_page =
+      geometry_.bundle_bytes().value() * geometry_.device_count();
+  c->mapped_bytes = Bytes(k.mapped_pages * per_page);
+  c->virtual_bytes =
+      geometry_.virtual_bytes_per_device() * geometry_.device_count();
+  c->devices.reserve(geometry_.devices().size());
+  for (int d : geometry_.devices()) {
+    c->devices.push_back(budgets_->Snapshot(d));
+  }
+  c->limit.state = static_cast<LimitState>(k.limit_state);
+  c->limit.limit_bytes = Bytes(k.limit_bytes);
+  c->limit.revision = k.limit_revision;
+  c->limit.target_pages = PageCount(k.target_pages);
+  c->limit.effective_bytes = Bytes(k.target_pages * per_page);
+  c->limit.overage_bytes = Bytes(std::max<int64_t>(
+      0, c->mapped_bytes.value() - c->limit.effective_bytes.value()));
+}
+
 absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
     const CapacityQuery& query) {
-  std::string log;
-  CapacitySnapshot c;
-  {
-    absl::MutexLock lock(&mu_);
-    if (shut_down_) return CheckUsableLocked();
-    ExpireLocked(&log);
-    c.pool = name();
-    c.pool_uid = options_.uid;
-    c.generation = generation_;
-    c.healthy = !failed_;
-    c.failure = failure_;
-    const int64_t affordable = AffordableLocked();
-    c.affordable_bundles = affordable;
-    // A FAILED pool refuses allocation, so it has nothing available.
-    c.available_blocks = failed_
-                             ? BlockCount(0)
-                             : ledger_.mapped_supply() +
-                                   ledger_.FreePrefix(PageCount(affordable));
-    c.available_tokens =
-        c.available_blocks.value() * geometry_.config().tokens_per_block;
-    c.reserved_blocks = ledger_.reserved();
-    c.allocated_blocks = ledger_.allocated();
-    c.total_blocks = ledger_.admitted_usable();
-    c.pages_free = ledger_.pages(PageState::kFree);
-    c.pages_mapping = ledger_.pages(PageState::kMapping);
-    if (!revoking_.empty()) {  // the common case reads no clock
-      const absl::Time now = clock_->Now();
-      for (const auto& [p, leaving] : revoking_) {
-        if (!leaving.revoked) continue;  // still its unmapping call's
-        if (leaving.deadline < now) {
-          c.pages_quarantined += PageCount(1);
-        } else {
-          c.pages_revoking += PageCount(1);
-        }
-      }
-      c.pages_mapping -= c.pages_revoking + c.pages_quarantined;
-    }
-    c.pages_idle = ledger_.pages(PageState::kIdle);
-    c.pages_open = ledger_.pages(PageState::kOpen);
-    c.pages_full = ledger_.pages(PageState::kFull);
-    c.pages_reclaimed = ledger_.pages(PageState::kReclaimed);
-    c.pages_empty = ledger_.pages(PageState::kEmpty);
-    c.mapped_bytes = MappedBytesLocked();
-    c.virtual_bytes =
-        geometry_.virtual_bytes_per_device() * geometry_.device_count();
-    for (int d : geometry_.devices()) {
-      c.devices.push_back(budgets_->Snapshot(d));
-    }
-    c.limit = LimitInfoLocked();
-
-    if (query.max_pages > 0) {
-      const size_t cap = static_cast<size_t>(query.max_pages);
-      auto add = [&](PageId p,
-                     bool counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (c.pages.size() >= cap) return false;
-        const PageLedger::Page& page = ledger_.page(p);
-        PageInfo info;
-        info.page_id = p;
-        info.usable_blocks = BlockCount(page.usable);
-        info.free_blocks = BlockCount(
-            page.state == PageState::kFree ? page.usable : page.free);
-        info.allocated_blocks = BlockCount(page.allocated);
-        info.reserved_blocks = BlockCount(page.reserved);
-        info.state = page.state;
-        info.counted = counted;
-        c.pages.push_back(info);
-        return true;
-      };
-      for (const auto& [free, p] : ledger_.open_index()) {
-        if (!add(p, true)) break;
-      }
-      for (PageId p : ledger_.idle_list()) {
-        if (!add(p, true)) break;
-      }
-      for (PageId p : ledger_.in_flight()) {
-        if (!add(p, false)) break;
-      }
-      const internal::FreeList& free_list = ledger_.free_list();
-      for (size_t i = 0; i < free_list.size(); ++i) {
-        if (!add(free_list[i].page, static_cast<int64_t>(i) < affordable)) {
-          break;
-        }
+  // Without the lock (docs/design.md, "Capacity without the lock"). The
+  // FREE pages count in full only when the devices afford all of them; a
+  // budget read after the counters can only be lower than the one that
+  // goes with them, because a call charges before it publishes the pages
+  // it takes and uncharges after it publishes the pages it returned.
+  if (query.max_pages <= 0) {
+    const PoolCounters k = published_.Read();
+    const bool expiring = k.next_expiry_ns != PoolCounters::kNoExpiry &&
+                          absl::ToUnixNanos(clock_->Now()) >= k.next_expiry_ns;
+    // Revoking pages turn QUARANTINED by the clock alone: counted under the
+    // lock.
+    if (k.shut_down == 0 && k.failed == 0 && k.revoking == 0 && !expiring) {
+      const int64_t affordable = budgets_->AffordableBundles(
+          geometry_.devices(), geometry_.bundle_bytes());
+      if (affordable >= k.free_pages) {
+        CapacitySnapshot c;
+        FillCapacity(k, affordable, k.free_total, &c);
+        return c;
       }
     }
   }
+  std::string log;
+  absl::StatusOr<CapacitySnapshot> c;
+  {
+    absl::MutexLock lock(&mu_);
+    c = CapacityLocked(query, &log);
+    PublishLocked();  // reservations may have expired
+  }
   if (!log.empty()) std::fputs(log.c_str(), stderr);
+  return c;
+}
+
+absl::StatusOr<CapacitySnapshot> PagePool::CapacityLocked(
+    const CapacityQuery& query, std::string* log) {
+  if (shut_down_) return CheckUsableLocked();
+  ExpireLocked(log);
+  CapacitySnapshot c;
+  const int64_t affordable = AffordableLocked();
+  FillCapacity(CountersLocked(), affordable,
+               ledger_.FreePrefix(PageCount(affordable)).value(), &c);
+  c.failure = failure_;
+  if (!revoking_.empty()) {  // the common case reads no clock
+    const absl::Time now = clock_->Now();
+    for (const auto& [p, leaving] : revoking_) {
+      if (!leaving.revoked) continue;  // still its unmapping call's
+      if (leaving.deadline < now) {
+        c.pages_quarantined += PageCount(1);
+      } else {
+        c.pages_revoking += PageCount(1);
+      }
+    }
+    c.pages_mapping -= c.pages_revoking + c.pages_quarantined;
+  }
+  if (query.max_pages > 0) {
+    const size_t cap = static_cast<size_t>(query.max_pages);
+    auto add = [&](PageId p, bool counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (c.pages.size() >= cap) return false;
+      const PageLedger::Page& page = ledger_.page(p);
+      PageInfo info;
+      info.page_id = p;
+      info.usable_blocks = BlockCount(page.usable);
+      info.free_blocks =
+          BlockCount(page.state == PageState::kFree ? page.usable : page.free);
+      info.allocated_blocks = BlockCount(page.allocated);
+      info.reserved_blocks = BlockCount(page.reserved);
+      info.state = page.state;
+      info.counted = counted;
+      c.pages.push_back(info);
+      return true;
+    };
+    for (const auto& [free, p] : ledger_.open_index()) {
+      if (!add(p, true)) break;
+    }
+    for (PageId p : ledger_.idle_list()) {
+      if (!add(p, true)) break;
+    }
+    for (PageId p : ledger_.in_flight()) {
+      if (!add(p, false)) break;
+    }
+    const internal::FreeList& free_list = ledger_.free_list();
+    for (size_t i = 0; i < free_list.size(); ++i) {
+      if (!add(free_list[i].page, static_cast<int64_t>(i) < affordable)) {
+        break;
+      }
+    }
+  }
   return c;
 }
 
@@ -191,8 +286,8 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
       md[std::string(error_key::kReservationId)] = reservation->id;
       md[std::string(error_key::kReservationBlocks)] = Num(from_reservation);
       md[std::string(error_key::kPoolReason)] = std::string(ReasonName(reason));
-      return MakeFailure(
-          FailureReason::kReservationTooSmall,
+      return RefuseLocked(
+          Counted::kYes, FailureReason::kReservationTooSmall,
           absl::StrCat("reservation ", reservation->id, " holds ",
                        from_reservation, " of ", requested,
                        " requested blocks and the pool cannot supply the "
@@ -200,7 +295,7 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
                        message),
           std::move(md));
     }
-    return MakeFailure(reason, std::move(message), std::move(md));
+    return RefuseLocked(Counted::kYes, reason, message, std::move(md));
   };
 
   if (requested > total) {
@@ -272,6 +367,7 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
       ExpireLocked(&epi.log);
       // A limit moves pages between lists; it waits until no call has pages
       // in flight, so that no rollback lands on a list the limit changed.
+      PublishLocked();
       mu_.Await(absl::Condition(
           +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
       if (shut_down_) return CheckUsableLocked();

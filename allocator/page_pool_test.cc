@@ -4,11 +4,14 @@
 
 #include "allocator/page_pool.h"
 
+#include <array>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
+#include "allocator/testing/gated_backend.h"
 #include "gtest/gtest.h"
 
 namespace kvbroker {
@@ -199,6 +202,172 @@ TEST_F(PagePoolTest, MaxIdleKeepsFreedPagesMapped) {
   EXPECT_EQ(c->pages_idle.value(), 2);
   EXPECT_EQ(host_.live_handles(), 2);
   EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+// Every reason Alloc, Free and Reserve can return, each counted once where
+// it was decided; refusals of other calls are not counted.
+TEST_F(PagePoolTest, OutcomesAreCountedByReasonWhereRefused) {
+  auto pool = MakePool(2, 512, 64);  // 16 pages of 4 blocks
+  std::array<int64_t, kMaxFailureReason + 1> want = {};
+  auto check = [&] {
+    const PoolStats st = pool->Stats();
+    for (int r = 0; r <= kMaxFailureReason; ++r) {
+      EXPECT_EQ(st.outcomes[r], want[r])
+          << "reason " << ReasonName(static_cast<FailureReason>(r));
+    }
+    EXPECT_TRUE(pool->CheckInvariants().ok());
+  };
+  auto expect = [&](const absl::Status& s, FailureReason reason) {
+    EXPECT_EQ(GetReason(s), reason) << s;
+    ++want[static_cast<int>(reason)];
+    check();
+  };
+  // Blocks free on mapped pages: a request one larger must map a page.
+  auto mapped_free = [&] {
+    int64_t n = 0;
+    const absl::StatusOr<CapacitySnapshot> c = pool->Capacity({1000});
+    for (const PageInfo& p : c->pages) {
+      if (p.state == PageState::kOpen || p.state == PageState::kIdle) {
+        n += p.free_blocks.value();
+      }
+    }
+    return n;
+  };
+  const FailureReason kOk = FailureReason::kUnspecified;
+
+  expect(pool->Alloc({-1, "", "", {}}).status(),
+         FailureReason::kInvalidArgument);
+  expect(pool->Alloc({65, "", "", {}}).status(),
+         FailureReason::kRequestTooLarge);
+  absl::StatusOr<AllocResult> a = pool->Alloc({8, "", "", {}});
+  expect(a.status(), kOk);
+  expect(pool->Alloc({1, "", "", a->generation - 1}).status(),
+         FailureReason::kGenerationMismatch);
+  expect(pool->Alloc({1, "", "nope", {}}).status(),
+         FailureReason::kReservationNotFound);
+  absl::StatusOr<ReservationInfo> r1 =
+      pool->Reserve({4, absl::Seconds(1), ""});
+  expect(r1.status(), kOk);
+  clock_.Advance(absl::Seconds(2));
+  expect(pool->Alloc({1, "", r1->reservation_id, {}}).status(),
+         FailureReason::kReservationExpired);
+  absl::StatusOr<ReservationInfo> r2 =
+      pool->Reserve({4, absl::Seconds(60), ""});
+  expect(r2.status(), kOk);
+  expect(pool->Alloc({60, "", r2->reservation_id, {}}).status(),
+         FailureReason::kReservationTooSmall);
+  expect(pool->Alloc({60, "", "", {}}).status(), FailureReason::kPoolExhausted);
+  expect(pool->Reserve({0, absl::Seconds(1), ""}).status(),
+         FailureReason::kInvalidArgument);
+  expect(pool->Reserve({1, absl::ZeroDuration(), ""}).status(),
+         FailureReason::kInvalidArgument);
+
+  const std::vector<BlockId> ids = Ids(*a);
+  const std::vector<BlockId> twice = {ids[0], ids[0]};
+  expect(pool->Free({twice, ""}).status(), FailureReason::kInvalidArgument);
+  const std::vector<BlockId> unowned = {63};
+  expect(pool->Free({unowned, ""}).status(),
+         FailureReason::kBlockNotAllocated);
+  const std::vector<BlockId> reserved = {r2->pages[0].block_ids[0]};
+  expect(pool->Free({reserved, ""}).status(),
+         FailureReason::kBlockInReservation);
+
+  expect(pool->Alloc({1, "x", "", {}}).status(), kOk);
+  expect(pool->Alloc({2, "x", "", {}}).status(),
+         FailureReason::kRequestIdReused);
+  absl::StatusOr<AllocResult> replay = pool->Alloc({1, "x", "", {}});
+  EXPECT_TRUE(replay.ok() && replay->replayed);
+  expect(replay.status(), kOk);
+
+  // Not counted: ReleaseReservation, SetMemoryLimit, Trim, occupancy.
+  EXPECT_EQ(GetReason(pool->ReleaseReservation("nope").status()),
+            FailureReason::kReservationNotFound);
+  EXPECT_EQ(GetReason(pool->SetMemoryLimit(Bytes(-1), 0).status()),
+            FailureReason::kInvalidArgument);
+  EXPECT_EQ(GetReason(pool->GetPageOccupancy({99}).status()),
+            FailureReason::kInvalidArgument);
+  check();
+
+  backend_.AddFault({BackendOp::kCreate, FaultKind::kOutOfMemory, 1});
+  expect(pool->Alloc({mapped_free() + 1, "", "", {}}).status(),
+         FailureReason::kGpuMemoryExhausted);
+  backend_.AddFault({BackendOp::kMap, FaultKind::kError, 1});
+  expect(pool->Alloc({mapped_free() + 1, "", "", {}}).status(),
+         FailureReason::kMappingFailed);
+
+  ASSERT_TRUE(pool->SetMemoryLimit(Bytes(0), 1).ok());
+  const CapacitySnapshot c = *pool->Capacity();
+  ASSERT_EQ(c.limit.state, LimitState::kDeferred);
+  ASSERT_LE(c.available_blocks.value() + 1, c.total_blocks.value());
+  expect(pool->Alloc({c.available_blocks.value() + 1, "", "", {}}).status(),
+         FailureReason::kShrinkPending);
+  ASSERT_TRUE(pool->SetMemoryLimit(Bytes(kGiB), 2).ok());
+
+  backend_.AddFault({BackendOp::kCreate, FaultKind::kFatal, 1});
+  expect(pool->Alloc({mapped_free() + 1, "", "", {}}).status(),
+         FailureReason::kPoolFailed);
+  expect(pool->Alloc({1, "", "", {}}).status(), FailureReason::kPoolFailed);
+  expect(pool->Reserve({1, absl::Seconds(1), ""}).status(),
+         FailureReason::kPoolFailed);
+
+  ASSERT_TRUE(pool->Shutdown(/*force=*/true).ok());
+  expect(pool->Alloc({1, "", "", {}}).status(), FailureReason::kPoolNotFound);
+  expect(pool->Free({ids, ""}).status(), FailureReason::kPoolNotFound);
+
+  const PoolStats st = pool->Stats();
+  int64_t sum = 0;
+  for (int64_t n : st.outcomes) sum += n;
+  EXPECT_EQ(sum, st.alloc_calls + st.free_calls + st.reserve_calls);
+  EXPECT_EQ(sum, 26);
+}
+
+// docs/design.md, "Device budgets": a refresh while an Alloc's pages are
+// charged but not yet created, and again while the pool holds them. The
+// budget never counts them as free.
+TEST(PagePoolBudgetTest, RefreshWhilePagesAreChargedButNotCreated) {
+  HostBackend host(HostBackendOptions{1, MiB(40), MiB(2)});
+  testing_support::GatedBackend gated(&host);
+  DeviceBudgets budgets(&gated, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  ManualClock clock;
+  PoolConfig c;
+  c.name = "p";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(512);
+  c.max_blocks = 32;  // 8 pages of 4 blocks
+  PoolOptions o;
+  o.min_idle_pages = 0;
+  o.max_idle_pages = 8;
+  auto pool = PagePool::Create(c, &gated, &budgets, &clock, o);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 20);
+
+  gated.Arm();
+  absl::StatusOr<AllocResult> r;
+  std::thread alloc([&] { r = (*pool)->Alloc({8, "", "", {}}); });  // 2 pages
+  gated.WaitUntilHeld();  // charged 2, created none
+  ASSERT_TRUE(budgets.RefreshAll().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 18);
+  EXPECT_EQ(budgets.Snapshot(0).external, Bytes(0));
+  gated.Release(/*fail=*/false);
+  alloc.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->pages_mapped, 2);
+  ASSERT_TRUE(budgets.RefreshAll().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 18);
+  EXPECT_EQ(budgets.Snapshot(0).created, MiB(4));
+
+  std::vector<BlockId> ids;
+  for (const PageBlocks& pb : r->pages) {
+    ids.insert(ids.end(), pb.block_ids.begin(), pb.block_ids.end());
+  }
+  ASSERT_TRUE((*pool)->Free({ids, ""}).ok());
+  ASSERT_TRUE((*pool)->Trim().ok());
+  ASSERT_TRUE(budgets.RefreshAll().ok());
+  EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 20);
+  EXPECT_EQ(budgets.Snapshot(0).created, Bytes(0));
+  EXPECT_EQ(budgets.Snapshot(0).charged, Bytes(0));
+  EXPECT_TRUE((*pool)->CheckInvariants().ok());
 }
 
 }  // namespace

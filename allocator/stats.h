@@ -5,8 +5,10 @@
 //
 // Identities:
 //   pages_mapped_total - pages_unmapped_total == mapped pages now
-//   Σ outcomes[r] over r == calls of Alloc/Free/Reserve that returned r
-//     (outcomes[0] counts successes)
+//   outcomes[r] == calls of Alloc/Free/Reserve that returned reason r
+//     (outcomes[0] counts successes); each refusal is counted at the site
+//     that decides it, from the reason it builds the status with, so
+//     nothing re-reads a payload. An untyped error (a bug) counts in none.
 
 #ifndef KVBROKER_ALLOCATOR_STATS_H_
 #define KVBROKER_ALLOCATOR_STATS_H_

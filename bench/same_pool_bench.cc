@@ -21,6 +21,23 @@
 // full time, idle again for half; the two idle halves are pooled, so drift
 // hits idle and busy alike. The last lines are the ratios the project tracks:
 // busy p99 / idle p99 for Capacity and for Alloc(16)+Free (target <= 1.2).
+//
+// Two diagnostics tell apart why a measured call waits:
+//   mapper sections  the backend is wrapped in a decorator that timestamps
+//                    the mapper thread's driver calls, so each of its pool
+//                    calls splits into driver time and the time around it:
+//                    from the call to its first driver call (lock, plan,
+//                    take), from its last driver call to the return (lock,
+//                    commit or land), and the whole Free (no driver call).
+//                    Those are upper bounds of how long the mapper holds
+//                    the pool lock in each step;
+//   mutex hand-off   with no pool at all: one thread holds an absl::Mutex
+//                    for --handoff_hold_us at a time, another takes it at
+//                    moments spread like the measured loop's; for takes
+//                    that had to wait, the delay from the holder's unlock
+//                    to the waiter's return (the machine's wake-up cost).
+// Long sections mean the pool holds its lock too long; short sections and
+// a large hand-off delay mean any wait at all costs the wake-up.
 
 #include <algorithm>
 #include <atomic>
@@ -34,6 +51,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "allocator/cuda_backend.h"
 #include "allocator/device_budget.h"
@@ -44,6 +62,8 @@ ABSL_FLAG(std::string, backend, "host", "host or cuda");
 ABSL_FLAG(double, seconds, 4, "seconds of the busy phase (idle: as long)");
 ABSL_FLAG(int, map_pages, 64, "pages each of the mapper's Alloc calls maps");
 ABSL_FLAG(int, interval_us, 50, "schedule of the measured loop");
+ABSL_FLAG(int, handoff_hold_us, 10,
+          "mutex hand-off probe: how long the holder keeps the lock");
 
 namespace kvbroker {
 namespace {
@@ -68,6 +88,131 @@ std::vector<BlockId> Ids(const AllocResult& r) {
 [[noreturn]] void Die(const absl::Status& s, const char* what) {
   std::fprintf(stderr, "same_pool_bench: %s: %s\n", what, s.ToString().c_str());
   std::exit(1);
+}
+
+void Spin(absl::Duration d) {
+  for (const absl::Time end = absl::Now() + d; absl::Now() < end;) {
+  }
+}
+
+// Where the mapper thread's driver calls fall within one pool call.
+struct DriverWindow {
+  absl::Time first = absl::InfiniteFuture();
+  absl::Time last = absl::InfinitePast();
+  absl::Duration total;
+};
+thread_local DriverWindow* driver_window = nullptr;
+
+// Forwards every call; on a thread that set driver_window, notes when the
+// calls that map and unmap began and ended.
+class TimingBackend : public Backend {
+ public:
+  explicit TimingBackend(Backend* b) : b_(b) {}
+  template <typename F>
+  auto Timed(F f) {
+    DriverWindow* w = driver_window;
+    if (w == nullptr) return f();
+    const absl::Time t0 = absl::Now();
+    auto r = f();
+    const absl::Time t1 = absl::Now();
+    w->first = std::min(w->first, t0);
+    w->last = std::max(w->last, t1);
+    w->total += t1 - t0;
+    return r;
+  }
+  std::string name() const override { return b_->name(); }
+  int device_count() const override { return b_->device_count(); }
+  Bytes granularity(int d) const override { return b_->granularity(d); }
+  absl::StatusOr<VirtualRange> ReserveRange(int d, Bytes size) override {
+    return b_->ReserveRange(d, size);
+  }
+  absl::Status FreeRange(int d, VirtualRange r) override {
+    return b_->FreeRange(d, r);
+  }
+  absl::StatusOr<PhysicalHandle> Create(int d, Bytes size) override {
+    return Timed([&] { return b_->Create(d, size); });
+  }
+  absl::Status Map(int d, uint64_t a, Bytes size, PhysicalHandle h) override {
+    return Timed([&] { return b_->Map(d, a, size, h); });
+  }
+  absl::Status SetAccess(int d, uint64_t a, Bytes size) override {
+    return Timed([&] { return b_->SetAccess(d, a, size); });
+  }
+  absl::Status Unmap(int d, uint64_t a, Bytes size) override {
+    return Timed([&] { return b_->Unmap(d, a, size); });
+  }
+  absl::Status Release(int d, PhysicalHandle h) override {
+    return Timed([&] { return b_->Release(d, h); });
+  }
+  absl::StatusOr<MemoryInfo> QueryMemory(int d) override {
+    return Timed([&] { return b_->QueryMemory(d); });
+  }
+
+ private:
+  Backend* const b_;
+};
+
+// The mapper's steps, in microseconds, one entry per cycle.
+struct MapperSections {
+  std::vector<double> alloc_before, alloc_after, free_call, trim_before,
+      trim_after, driver;
+};
+
+// Runs `f` (one pool call) and splits its time around its driver calls.
+template <typename F>
+auto Split(F f, std::vector<double>* before, std::vector<double>* after,
+           absl::Duration* driver) {
+  DriverWindow w;
+  driver_window = &w;
+  const absl::Time t0 = absl::Now();
+  auto r = f();
+  const absl::Time t1 = absl::Now();
+  driver_window = nullptr;
+  if (w.first > w.last) {  // no driver call: all of it is one step
+    before->push_back(absl::ToDoubleMicroseconds(t1 - t0));
+  } else {
+    before->push_back(absl::ToDoubleMicroseconds(w.first - t0));
+    if (after != nullptr) {
+      after->push_back(absl::ToDoubleMicroseconds(t1 - w.last));
+    }
+  }
+  *driver += w.total;
+  return r;
+}
+
+// The mutex hand-off probe (see the top of the file). Returns, for takes
+// that waited, the delay from the holder's unlock to the waiter's return.
+std::vector<double> MutexHandoff(double seconds) {
+  absl::Mutex mu;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> unlocked_ns{0};
+  const absl::Duration hold =
+      absl::Microseconds(absl::GetFlag(FLAGS_handoff_hold_us));
+  std::thread holder([&] {
+    while (!stop.load()) {
+      mu.Lock();
+      Spin(hold);
+      unlocked_ns.store(absl::GetCurrentTimeNanos());
+      mu.Unlock();
+      Spin(absl::Microseconds(200));
+    }
+  });
+  std::vector<double> delays;
+  const absl::Duration interval =
+      absl::Microseconds(absl::GetFlag(FLAGS_interval_us));
+  for (const absl::Time end = absl::Now() + absl::Seconds(seconds);
+       absl::Now() < end;) {
+    const int64_t t0 = absl::GetCurrentTimeNanos();
+    mu.Lock();
+    const int64_t t1 = absl::GetCurrentTimeNanos();
+    const int64_t u = unlocked_ns.load();
+    mu.Unlock();
+    if (u > t0) delays.push_back((t1 - u) / 1000.0);
+    Spin(interval);
+  }
+  stop = true;
+  holder.join();
+  return delays;
 }
 
 struct Samples {
@@ -125,7 +270,8 @@ int Main() {
     backend = std::make_unique<HostBackend>(
         HostBackendOptions{1, Bytes(int64_t{1} << 40), MiB(2)});
   }
-  DeviceBudgets budgets(backend.get(), 0.95);
+  TimingBackend timing(backend.get());
+  DeviceBudgets budgets(&timing, 0.95);
   if (auto s = budgets.Init(); !s.ok()) Die(s, "budgets");
   ManualClock clock;
   const int64_t map_pages = absl::GetFlag(FLAGS_map_pages);
@@ -141,7 +287,7 @@ int Main() {
   PoolOptions po;
   po.min_idle_pages = 0;
   po.max_idle_pages = map_pages;
-  auto pool_or = PagePool::Create(pc, backend.get(), &budgets, &clock, po);
+  auto pool_or = PagePool::Create(pc, &timing, &budgets, &clock, po);
   if (!pool_or.ok()) Die(pool_or.status(), "pool");
   PagePool* pool = pool_or->get();
   absl::StatusOr<AllocResult> keeper = pool->Alloc({16, "", "", {}});
@@ -154,16 +300,30 @@ int Main() {
   std::atomic<bool> stop{false};
   std::atomic<int64_t> mapper_calls{0};
   std::atomic<int64_t> mapper_pages{0};
+  MapperSections sections;  // the mapper thread's until it is joined
   auto mapper = [&] {
     const int64_t n = map_pages * kBlocksPerPage;
     while (!stop.load()) {
-      absl::StatusOr<AllocResult> r = pool->Alloc({n, "", "", {}});
+      absl::Duration driver;
+      absl::StatusOr<AllocResult> r = Split(
+          [&] {
+            return pool->Alloc({n, "", "", {}});
+          },
+          &sections.alloc_before, &sections.alloc_after, &driver);
       if (!r.ok()) Die(r.status(), "mapper alloc");
       mapper_pages += r->pages_mapped;
-      absl::StatusOr<FreeResult> f = pool->Free({Ids(*r), ""});
+      const std::vector<BlockId> ids = Ids(*r);
+      absl::StatusOr<FreeResult> f = Split(
+          [&] {
+            return pool->Free({ids, ""});
+          },
+          &sections.free_call, nullptr, &driver);
       if (!f.ok()) Die(f.status(), "mapper free");
-      absl::StatusOr<TrimResult> t = pool->Trim();
+      absl::StatusOr<TrimResult> t =
+          Split([&] { return pool->Trim(); }, &sections.trim_before,
+                &sections.trim_after, &driver);
       if (!t.ok()) Die(t.status(), "mapper trim");
+      sections.driver.push_back(absl::ToDoubleMicroseconds(driver));
       ++mapper_calls;
     }
   };
@@ -177,6 +337,7 @@ int Main() {
   stop = true;
   busy_thread.join();
   idle.Append(Measure(pool, secs / 2, &held, &idle_mapped));
+  const std::vector<double> handoff = MutexHandoff(secs / 2);
 
   std::printf(
       "\nsame_pool_bench on %s: pool of %lld 2 MiB pages, mapper "
@@ -205,6 +366,20 @@ int Main() {
   std::printf("%-34s %10.2f / %.2f us\n", "free+alloc(16) busy p50 / p99",
               Percentile(busy.alloc_free_us, 0.5),
               Percentile(busy.alloc_free_us, 0.99));
+  auto tail = [](const char* what, const std::vector<double>& v) {
+    std::printf("%-34s %10.2f / %.2f / %.2f us (%zu)\n", what,
+                Percentile(v, 0.5), Percentile(v, 0.99),
+                v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()),
+                v.size());
+  };
+  std::printf("mapper steps around its driver calls, p50 / p99 / max:\n");
+  tail("  alloc: call to first map", sections.alloc_before);
+  tail("  alloc: last map to return", sections.alloc_after);
+  tail("  free (no driver call)", sections.free_call);
+  tail("  trim: call to first unmap", sections.trim_before);
+  tail("  trim: last unmap to return", sections.trim_after);
+  tail("  driver time per cycle", sections.driver);
+  tail("mutex hand-off delay (waited)", handoff);
   std::printf(
       "%-34s %10.3f x\n", "capacity busy/idle p99 (<= 1.2)",
       Percentile(busy.capacity_us, 0.99) / Percentile(idle.capacity_us, 0.99));
