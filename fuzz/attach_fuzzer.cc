@@ -33,8 +33,8 @@
 //   - every pool passes PagePool::CheckInvariants, has no allocated block,
 //     and, once the reservations the daemon announced are released, no
 //     reserved block and the available blocks it started with;
-//   - the process has exactly the open fds it had before the first input
-//     (no received fd, socket or eventfd leaked by the daemon);
+//   - the process has exactly the open fds it had before the input (no
+//     received fd, socket or eventfd leaked by the daemon);
 //   - a fresh connection still gets a HelloReply, an AttachReply and a
 //     CapacityReply with the exact empty pool, and its SessionEnd answered.
 
@@ -118,7 +118,7 @@ struct World {
   std::unique_ptr<attach::AttachServer> server;
   std::string socket_path;
   int64_t initial_available[2] = {0, 0};
-  int baseline_fds = -1;
+  int baseline_fds = 0;  // open before the current input
 };
 
 World* TheWorld() {
@@ -536,14 +536,14 @@ void CheckFds(World& w) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvbroker::fuzz;  // NOLINT
   World& w = *TheWorld();
-  if (w.baseline_fds < 0) {
-    w.baseline_fds = *kvbroker::testing::CountOpenFds();
-  }
+  // Counted per input: between inputs libFuzzer may open descriptors of
+  // its own (the symbolizer's pipes when it names a new function).
+  w.baseline_fds = *kvbroker::testing::CountOpenFds();
   ByteReader in(data, size);
   std::set<std::string> reservations;
   {
-    // The destructor half-closes and waits until the daemon closed the
-    // connection, which it does once the session ended.
+    // The daemon closes the connection only once the session ended and its
+    // holder's blocks were freed.
     Connection conn(w.socket_path);
     RunInput(in, conn);
     conn.HalfClose();
