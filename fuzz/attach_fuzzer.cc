@@ -140,6 +140,13 @@ World* TheWorld() {
     char dir[] = "/tmp/kvb-attach-fuzz-XXXXXX";
     if (mkdtemp(dir) == nullptr) Die(strerror(errno));
     w->socket_path = std::string(dir) + "/attach.sock";
+    // The server lives until the process exits; its socket file and
+    // directory go with it.
+    std::atexit([] {
+      const std::string& path = TheWorld()->socket_path;
+      unlink(path.c_str());
+      rmdir(path.substr(0, path.rfind('/')).c_str());
+    });
     attach::AttachServerOptions o;
     o.socket_path = w->socket_path;
     o.max_reattach_grace = absl::ZeroDuration();
