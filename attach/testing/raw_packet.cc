@@ -12,8 +12,8 @@
 
 namespace kvbroker::testing {
 
-void SendRaw(int socket, const std::string& bytes,
-             const std::vector<int>& fds) {
+int TrySendRaw(int socket, const std::string& bytes,
+               const std::vector<int>& fds) {
   iovec iov = {const_cast<char*>(bytes.data()), bytes.size()};
   msghdr msg = {};
   msg.msg_iov = &iov;
@@ -28,9 +28,15 @@ void SendRaw(int socket, const std::string& bytes,
     c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
     memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   }
-  ASSERT_EQ(sendmsg(socket, &msg, MSG_NOSIGNAL),
-            static_cast<ssize_t>(bytes.size()))
-      << strerror(errno);
+  const ssize_t sent = sendmsg(socket, &msg, MSG_NOSIGNAL);
+  if (sent < 0) return errno;
+  return sent == static_cast<ssize_t>(bytes.size()) ? 0 : EMSGSIZE;
+}
+
+void SendRaw(int socket, const std::string& bytes,
+             const std::vector<int>& fds) {
+  const int error = TrySendRaw(socket, bytes, fds);
+  ASSERT_EQ(error, 0) << strerror(error);
 }
 
 }  // namespace kvbroker::testing
