@@ -5,6 +5,10 @@ as fast as memory PyTorch allocated itself? In one run, on one GPU:
     of an attached pool (torch.as_tensor over kvbroker.engine's
     __cuda_array_interface__: rows of block_bytes, block_stride_bytes apart),
     against the same copy into a torch.empty tensor of the same shape;
+  - the same layer view as float16 (what KV caches hold), against a
+    torch.empty of the same shape and against torch.empty_strided with the
+    view's own strides (the same copy kernel on PyTorch's own memory, which
+    tells the attached memory apart from the cost of a strided copy);
   - the same for a contiguous range of whole blocks.
 
 Rounds alternate the two destinations; the table reports the median GB/s
@@ -89,16 +93,30 @@ def main():
                 "version": 3,
             }
             contiguous = torch.as_tensor(whole, device="cuda")
-            rows = [("layer view (strided)", layer),
-                    ("whole blocks (contiguous)", contiguous)]
+            half = torch.as_tensor(
+                s.kv_view(layer=0, buffer=0, dtype="float16"), device="cuda")
+            # (name, attached destination, baseline strides or None for a
+            # contiguous torch.empty)
+            rows = [("layer view u8 (strided)", layer, None),
+                    ("layer view f16 (strided)", half, None),
+                    ("layer view f16 / same strides", half, half.stride()),
+                    ("whole blocks (contiguous)", contiguous, None)]
             print("%-28s %10s %12s %12s %8s" %
                   ("destination", "MiB", "attached GB/s", "empty GB/s",
                    "ratio"))
-            for name, view in rows:
-                src = torch.randint(0, 256, view.shape, dtype=torch.uint8,
-                                    device="cuda")
-                empty = torch.empty(view.shape, dtype=torch.uint8,
-                                    device="cuda")
+            for name, view, strides in rows:
+                if view.dtype == torch.uint8:
+                    src = torch.randint(0, 256, view.shape, dtype=torch.uint8,
+                                        device="cuda")
+                else:
+                    src = torch.rand(view.shape, device="cuda").to(view.dtype)
+                if strides is None:
+                    empty = torch.empty(view.shape, dtype=view.dtype,
+                                        device="cuda")
+                else:
+                    empty = torch.empty_strided(view.shape, strides,
+                                                dtype=view.dtype,
+                                                device="cuda")
                 view.copy_(src)
                 torch.cuda.synchronize()
                 if not torch.equal(view, src):
@@ -115,14 +133,16 @@ def main():
                         end.record()
                         end.synchronize()
                         seconds = start.elapsed_time(end) / 1e3
-                        out.append(view.numel() * COPIES / seconds / 1e9)
+                        out.append(view.numel() * view.element_size() *
+                                   COPIES / seconds / 1e9)
                 a = sorted(attached)[ROUNDS // 2]
                 e = sorted(own)[ROUNDS // 2]
                 print("%-28s %10d %12.1f %12.1f %7.3fx" %
-                      (name, view.numel() >> 20, a, e, a / e))
+                      (name, (view.numel() * view.element_size()) >> 20, a, e,
+                       a / e))
                 del src, empty
             print("target: layer view >= 0.95x torch.empty")
-            del layer, contiguous
+            del layer, half, contiguous
             torch.cuda.synchronize()
             s.free(blocks)
     finally:

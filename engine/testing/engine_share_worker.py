@@ -60,7 +60,6 @@ def main(argv):
     session = engine.Session(socket_path, holder=holder)
     session.attach(pool)
     lay = session.layout
-    views = layer_views(session)
     per_page = lay.page_size // lay.block_bytes
     if role == "write":
         blocks = session.alloc(int(arg))
@@ -69,6 +68,9 @@ def main(argv):
             # Touching a page that is not mapped here would crash.
             raise SystemExit("the daemon sent %d pages; blocks %s need %d" %
                              (session.mapped_pages, blocks, need))
+        # torch.as_tensor asks the driver about the view's first byte, so
+        # the views are made once the pages under the blocks are mapped.
+        views = layer_views(session)
         for (layer, buffer), view in views.items():
             for b in blocks:
                 view[b] = pattern(lay.block_bytes,
@@ -82,6 +84,7 @@ def main(argv):
         if session.mapped_pages < need:
             raise SystemExit("the daemon sent %d pages; blocks %s need %d" %
                              (session.mapped_pages, blocks, need))
+        views = layer_views(session)
         checked = mismatched = 0
         for (layer, buffer), view in views.items():
             for b in blocks:
