@@ -70,11 +70,17 @@ std::string LimitText(const v1::MemoryLimit& limit) {
 }
 
 std::string PageCountsText(const v1::PageCounts& p) {
-  return absl::StrCat("full ", p.full_pages(), "  open ", p.open_pages(),
-                      "  idle ", p.idle_pages(), "  mapping ",
-                      p.mapping_pages(), "  free ", p.free_pages(),
-                      "  reclaimed ", p.reclaimed_pages(), "  empty ",
-                      p.empty_pages());
+  std::string text =
+      absl::StrCat("full ", p.full_pages(), "  open ", p.open_pages(),
+                   "  idle ", p.idle_pages(), "  mapping ", p.mapping_pages(),
+                   "  free ", p.free_pages(), "  reclaimed ",
+                   p.reclaimed_pages(), "  empty ", p.empty_pages());
+  // Pages waiting for attached engines appear only while there are some.
+  if (p.revoking_pages() > 0 || p.quarantined_pages() > 0) {
+    absl::StrAppend(&text, "  revoking ", p.revoking_pages(), "  quarantined ",
+                    p.quarantined_pages());
+  }
+  return text;
 }
 
 std::string HealthText(const v1::CapacitySnapshot& c) {

@@ -94,6 +94,11 @@ TEST(TextTest, Forms) {
   pages.set_empty_pages(1);
   EXPECT_EQ(PageCountsText(pages),
             "full 0  open 0  idle 0  mapping 0  free 2  reclaimed 0  empty 1");
+  pages.set_revoking_pages(3);
+  pages.set_quarantined_pages(1);
+  EXPECT_EQ(PageCountsText(pages),
+            "full 0  open 0  idle 0  mapping 0  free 2  reclaimed 0  empty 1"
+            "  revoking 3  quarantined 1");
   v1::PoolSpec spec;
   EXPECT_EQ(DevicesText(spec), "0");
   spec.add_devices(0);
