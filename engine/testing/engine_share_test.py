@@ -45,7 +45,9 @@ POOL = """pools { name: "share" page_size: %d block_bytes: %d num_layers: %d
 """ % (PAGE_BYTES, BLOCK_BYTES, LAYERS, BUFFERS, MAX_BLOCKS)
 WRITTEN_BLOCKS = 20  # 3 pages, the last one partly
 
-# Programs this test starts carry their own sanitizer runtime, if any.
+# kvbrokerd and kvbrokerctl carry their own sanitizer runtime, if any; the
+# engine workers are Python loading the library, so they keep this
+# process's environment (a preloaded ASan runtime included).
 CHILD_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 
@@ -123,7 +125,7 @@ class Engine:
             [sys.executable, WORKER, role, daemon.attach, holder, "share",
              str(arg)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env=CHILD_ENV)
+            env=os.environ)
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait()
