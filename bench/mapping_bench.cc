@@ -25,10 +25,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "allocator/cuda_backend.h"
 #include "allocator/device_budget.h"
-#include "allocator/host_backend.h"
 #include "allocator/page_pool.h"
+#include "bench/bench_backend.h"
 
 ABSL_FLAG(std::string, backend, "host", "host or cuda");
 ABSL_FLAG(int, pages, 64, "page ids per round (raw and pool)");
@@ -120,18 +119,11 @@ std::vector<double> LatencyPhase(PagePool* pool, double seconds) {
 }
 
 int Main() {
-  std::unique_ptr<Backend> backend;
-  std::string device = "host";
-  if (absl::GetFlag(FLAGS_backend) == "cuda") {
-    auto cuda = CudaBackend::Create();
-    if (!cuda.ok()) Die(cuda.status(), "cuda backend");
-    device = absl::StrFormat("%s, driver %d", (*cuda)->device_name(0),
-                             (*cuda)->driver_version());
-    backend = *std::move(cuda);
-  } else {
-    backend = std::make_unique<HostBackend>(
-        HostBackendOptions{1, Bytes(int64_t{1} << 40), MiB(2)});
-  }
+  absl::StatusOr<BenchBackend> opened =
+      OpenBenchBackend(absl::GetFlag(FLAGS_backend));
+  if (!opened.ok()) Die(opened.status(), "backend");
+  std::unique_ptr<Backend> backend = std::move(opened->backend);
+  const std::string device = opened->device;
   DeviceBudgets budgets(backend.get(), 0.95);
   if (auto s = budgets.Init(); !s.ok()) Die(s, "budgets");
   ManualClock clock;
