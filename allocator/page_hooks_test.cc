@@ -90,14 +90,6 @@ class PageHooksTest : public ::testing::Test {
     return pool.ok() ? *std::move(pool) : nullptr;
   }
 
-  static std::vector<BlockId> Ids(const AllocResult& r) {
-    std::vector<BlockId> out;
-    for (const auto& pb : r.pages) {
-      out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
-    }
-    return out;
-  }
-
   std::vector<BlockId> Alloc(PagePool& pool, int64_t n,
                              const std::string& holder) {
     AllocRequest a;
@@ -105,7 +97,7 @@ class PageHooksTest : public ::testing::Test {
     a.holder = holder;
     auto r = pool.Alloc(a);
     EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? Ids(*r) : std::vector<BlockId>{};
+    return r.ok() ? AllBlockIds(*r) : std::vector<BlockId>{};
   }
 
   void Free(PagePool& pool, const std::vector<BlockId>& ids) {

@@ -44,14 +44,6 @@ class PagePoolTest : public ::testing::Test {
     return pool.ok() ? *std::move(pool) : nullptr;
   }
 
-  static std::vector<BlockId> Ids(const AllocResult& r) {
-    std::vector<BlockId> out;
-    for (const auto& pb : r.pages) {
-      out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
-    }
-    return out;
-  }
-
   HostBackend host_;
   FaultInjectingBackend backend_;
   DeviceBudgets budgets_;
@@ -82,7 +74,7 @@ TEST_F(PagePoolTest, AllocUsesIdlePagesBeforeMapping) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(backend_.map_calls(), maps);
   EXPECT_EQ(r->pages_mapped, 0);
-  EXPECT_EQ(Ids(*r), (std::vector<BlockId>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(AllBlockIds(*r), (std::vector<BlockId>{0, 1, 2, 3, 4, 5, 6, 7}));
   EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
@@ -120,9 +112,9 @@ TEST_F(PagePoolTest, IdempotentFreeAndReserve) {
   auto pool = MakePool(2, 512, 64);
   auto r = pool->Alloc({4, "a1", "", {}});
   ASSERT_TRUE(r.ok());
-  auto f = pool->Free({Ids(*r), "f1"});
+  auto f = pool->Free({AllBlockIds(*r), "f1"});
   ASSERT_TRUE(f.ok());
-  auto again = pool->Free({Ids(*r), "f1"});
+  auto again = pool->Free({AllBlockIds(*r), "f1"});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(again->replayed);
   auto other = pool->Free({{0}, "f1"});
@@ -160,18 +152,18 @@ TEST_F(PagePoolTest, DataSurvivesNeighbourMappingChurn) {
   ASSERT_TRUE(keep.ok());
   const uint64_t base = pool->range_base(0);
   const int64_t B = 512 * kKiB;
-  for (BlockId b : Ids(*keep)) {
+  for (BlockId b : AllBlockIds(*keep)) {
     std::memset(reinterpret_cast<void*>(base + b * B), 0x40 + b, B);
   }
   for (int round = 0; round < 5; ++round) {
     auto churn = pool->Alloc({12, "", "", {}});  // pages 1..3
     ASSERT_TRUE(churn.ok());
-    for (BlockId b : Ids(*churn)) {
+    for (BlockId b : AllBlockIds(*churn)) {
       std::memset(reinterpret_cast<void*>(base + b * B), 0xee, B);
     }
-    ASSERT_TRUE(pool->Free({Ids(*churn), ""}).ok());  // unmapped again
+    ASSERT_TRUE(pool->Free({AllBlockIds(*churn), ""}).ok());  // unmapped again
   }
-  for (BlockId b : Ids(*keep)) {
+  for (BlockId b : AllBlockIds(*keep)) {
     const auto* p = reinterpret_cast<const unsigned char*>(base + b * B);
     EXPECT_EQ(p[0], 0x40 + b);
     EXPECT_EQ(p[B - 1], 0x40 + b);
@@ -195,7 +187,7 @@ TEST_F(PagePoolTest, MaxIdleKeepsFreedPagesMapped) {
   auto pool = MakePool(2, 512, 64, 0, 2);
   auto r = pool->Alloc({16, "", "", {}});  // 4 pages
   ASSERT_TRUE(r.ok());
-  auto f = pool->Free({Ids(*r), ""});
+  auto f = pool->Free({AllBlockIds(*r), ""});
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->pages_unmapped, 2);
   auto c = pool->Capacity();
@@ -245,8 +237,7 @@ TEST_F(PagePoolTest, OutcomesAreCountedByReasonWhereRefused) {
          FailureReason::kGenerationMismatch);
   expect(pool->Alloc({1, "", "nope", {}}).status(),
          FailureReason::kReservationNotFound);
-  absl::StatusOr<ReservationInfo> r1 =
-      pool->Reserve({4, absl::Seconds(1), ""});
+  absl::StatusOr<ReservationInfo> r1 = pool->Reserve({4, absl::Seconds(1), ""});
   expect(r1.status(), kOk);
   clock_.Advance(absl::Seconds(2));
   expect(pool->Alloc({1, "", r1->reservation_id, {}}).status(),
@@ -262,12 +253,11 @@ TEST_F(PagePoolTest, OutcomesAreCountedByReasonWhereRefused) {
   expect(pool->Reserve({1, absl::ZeroDuration(), ""}).status(),
          FailureReason::kInvalidArgument);
 
-  const std::vector<BlockId> ids = Ids(*a);
+  const std::vector<BlockId> ids = AllBlockIds(*a);
   const std::vector<BlockId> twice = {ids[0], ids[0]};
   expect(pool->Free({twice, ""}).status(), FailureReason::kInvalidArgument);
   const std::vector<BlockId> unowned = {63};
-  expect(pool->Free({unowned, ""}).status(),
-         FailureReason::kBlockNotAllocated);
+  expect(pool->Free({unowned, ""}).status(), FailureReason::kBlockNotAllocated);
   const std::vector<BlockId> reserved = {r2->pages[0].block_ids[0]};
   expect(pool->Free({reserved, ""}).status(),
          FailureReason::kBlockInReservation);

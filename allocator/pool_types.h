@@ -106,6 +106,16 @@ struct AllocResult {
   int64_t pages_mapped = 0;  // pages this call mapped
 };
 
+// Every block id of `r`, in page order.
+inline std::vector<BlockId> AllBlockIds(const AllocResult& r) {
+  std::vector<BlockId> out;
+  out.reserve(static_cast<size_t>(r.num_blocks));
+  for (const PageBlocks& pb : r.pages) {
+    out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
+  }
+  return out;
+}
+
 struct FreeRequest {
   // Viewed, not copied (the RPC layer points it at the request message):
   // must stay valid until Free returns.

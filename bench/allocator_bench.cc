@@ -47,14 +47,6 @@ struct Fixture {
   std::unique_ptr<PagePool> pool;
 };
 
-std::vector<BlockId> Ids(const AllocResult& r) {
-  std::vector<BlockId> out;
-  for (const auto& pb : r.pages) {
-    out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
-  }
-  return out;
-}
-
 void BM_Capacity(benchmark::State& state) {
   Fixture f(state.range(0), 16 * kKiB, 0, 4);
   // Some OPEN and FULL pages so every counter is live.
@@ -71,10 +63,10 @@ void BM_AllocFree(benchmark::State& state) {
   Fixture f(1024, 16 * kKiB, 0, 1 << 20);
   // Map enough pages up front and keep them IDLE.
   auto warm = f.pool->Alloc({4 * n + 1024, "", "", {}});
-  (void)f.pool->Free({Ids(*warm), ""});
+  (void)f.pool->Free({AllBlockIds(*warm), ""});
   for (auto _ : state) {
     auto r = f.pool->Alloc({n, "", "", {}});
-    auto fr = f.pool->Free({Ids(*r), ""});
+    auto fr = f.pool->Free({AllBlockIds(*r), ""});
     benchmark::DoNotOptimize(fr);
   }
   state.SetItemsProcessed(state.iterations() * n);
@@ -85,7 +77,7 @@ void BM_AllocMapsPage(benchmark::State& state) {
   Fixture f(1024, 2 * kMiB, 0, 0);
   for (auto _ : state) {
     auto r = f.pool->Alloc({1, "", "", {}});
-    auto fr = f.pool->Free({Ids(*r), ""});
+    auto fr = f.pool->Free({AllBlockIds(*r), ""});
     benchmark::DoNotOptimize(fr);
   }
 }

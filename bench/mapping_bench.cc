@@ -51,14 +51,6 @@ double Percentile(std::vector<double> v, double q) {
   return v[i];
 }
 
-std::vector<BlockId> Ids(const AllocResult& r) {
-  std::vector<BlockId> out;
-  for (const auto& pb : r.pages) {
-    out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
-  }
-  return out;
-}
-
 [[noreturn]] void Die(const absl::Status& s, const char* what) {
   std::fprintf(stderr, "mapping_bench: %s: %s\n", what, s.ToString().c_str());
   std::exit(1);
@@ -96,7 +88,7 @@ std::pair<double, double> PoolRound(PagePool* pool, int k) {
   if (!r.ok()) Die(r.status(), "pool alloc");
   if (r->pages_mapped != k)
     Die(absl::InternalError("unexpected pages"), "pool");
-  absl::StatusOr<FreeResult> f = pool->Free({Ids(*r), ""});
+  absl::StatusOr<FreeResult> f = pool->Free({AllBlockIds(*r), ""});
   absl::Time t2 = absl::Now();
   if (!f.ok()) Die(f.status(), "pool free");
   return {absl::ToDoubleMicroseconds(t1 - t0) / k,
@@ -111,7 +103,7 @@ std::vector<double> LatencyPhase(PagePool* pool, double seconds) {
   for (absl::Time t0 = absl::Now(); t0 < end; t0 = absl::Now()) {
     absl::StatusOr<AllocResult> r = pool->Alloc({16, "", "", {}});
     if (!r.ok()) Die(r.status(), "latency alloc");
-    absl::StatusOr<FreeResult> f = pool->Free({Ids(*r), ""});
+    absl::StatusOr<FreeResult> f = pool->Free({AllBlockIds(*r), ""});
     if (!f.ok()) Die(f.status(), "latency free");
     us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
@@ -190,7 +182,7 @@ int Main() {
   {
     auto warm = (*lat)->Alloc({lc.max_blocks, "", "", {}});
     if (!warm.ok()) Die(warm.status(), "latency warm-up");
-    (void)(*lat)->Free({Ids(*warm), ""});
+    (void)(*lat)->Free({AllBlockIds(*warm), ""});
   }
   const double secs = absl::GetFlag(FLAGS_latency_seconds);
   std::vector<double> idle = LatencyPhase(lat->get(), secs / 2);

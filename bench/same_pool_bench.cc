@@ -76,14 +76,6 @@ double Percentile(std::vector<double> v, double q) {
   return v[i];
 }
 
-std::vector<BlockId> Ids(const AllocResult& r) {
-  std::vector<BlockId> out;
-  for (const auto& pb : r.pages) {
-    out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
-  }
-  return out;
-}
-
 [[noreturn]] void Die(const absl::Status& s, const char* what) {
   std::fprintf(stderr, "same_pool_bench: %s: %s\n", what, s.ToString().c_str());
   std::exit(1);
@@ -247,7 +239,7 @@ Samples Measure(PagePool* pool, double seconds, std::vector<BlockId>* held,
       if (!r.ok()) Die(r.status(), "alloc(16)");
       s.alloc_free_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
       if (r->pages_mapped != 0) ++*mapped_iterations;
-      *held = Ids(*r);
+      *held = AllBlockIds(*r);
     }
     capacity_turn = !capacity_turn;
     for (const absl::Time next = absl::Now() + interval; absl::Now() < next;) {
@@ -286,7 +278,7 @@ int Main() {
   if (!keeper.ok()) Die(keeper.status(), "keeper");
   absl::StatusOr<AllocResult> first = pool->Alloc({16, "", "", {}});
   if (!first.ok()) Die(first.status(), "first alloc(16)");
-  std::vector<BlockId> held = Ids(*first);
+  std::vector<BlockId> held = AllBlockIds(*first);
   int64_t idle_mapped = 0, busy_mapped = 0;
 
   std::atomic<bool> stop{false};
@@ -304,7 +296,7 @@ int Main() {
           &sections.alloc_before, &sections.alloc_after, &driver);
       if (!r.ok()) Die(r.status(), "mapper alloc");
       mapper_pages += r->pages_mapped;
-      const std::vector<BlockId> ids = Ids(*r);
+      const std::vector<BlockId> ids = AllBlockIds(*r);
       absl::StatusOr<FreeResult> f = Split(
           [&] {
             return pool->Free({ids, ""});

@@ -48,14 +48,6 @@ double Median(std::vector<double> v) {
   std::exit(1);
 }
 
-std::vector<BlockId> Ids(const AllocResult& r) {
-  std::vector<BlockId> out;
-  for (const auto& pb : r.pages) {
-    out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
-  }
-  return out;
-}
-
 // Microseconds per Alloc + Free, holders taken in turn from `holders`.
 double PoolRound(PagePool& pool, int n, int calls,
                  const std::vector<std::string>& holders, BlockId* first) {
@@ -66,7 +58,7 @@ double PoolRound(PagePool& pool, int n, int calls,
     a.holder = holders[c % holders.size()];
     absl::StatusOr<AllocResult> r = pool.Alloc(a);
     if (!r.ok()) Die(r.status(), "alloc");
-    const std::vector<BlockId> ids = Ids(*r);
+    const std::vector<BlockId> ids = AllBlockIds(*r);
     *first = ids.front();
     FreeRequest f;
     f.block_ids = ids;
