@@ -32,18 +32,7 @@ std::string ReadTestFile(const std::string& name) {
 }
 
 std::shared_ptr<const AccessPolicy> Policy() {
-  v1::AuthTokensFile file;
-  v1::AuthToken* admin = file.add_tokens();
-  admin->set_name("admin");
-  admin->set_token(kAdmin);
-  admin->add_pools("*");
-  v1::AuthToken* engine = file.add_tokens();
-  engine->set_name("engine-0");
-  engine->set_token(kEngine);
-  engine->add_pools("mine");
-  absl::StatusOr<AccessPolicy> p = AccessPolicy::Create(file);
-  EXPECT_TRUE(p.ok()) << p.status();
-  return std::make_shared<const AccessPolicy>(*std::move(p));
+  return PolicyOf({{"admin", kAdmin, {"*"}}, {"engine-0", kEngine, {"mine"}}});
 }
 
 RigOptions SecureRig() {

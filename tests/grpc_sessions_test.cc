@@ -32,18 +32,7 @@ constexpr char kAdmin[] = "admin-token-0123456789";
 constexpr char kMine[] = "mine-token-0123456789";
 
 std::shared_ptr<const AccessPolicy> Policy() {
-  v1::AuthTokensFile file;
-  v1::AuthToken* admin = file.add_tokens();
-  admin->set_name("admin");
-  admin->set_token(kAdmin);
-  admin->add_pools("*");
-  v1::AuthToken* mine = file.add_tokens();
-  mine->set_name("mine-only");
-  mine->set_token(kMine);
-  mine->add_pools("mine");
-  absl::StatusOr<AccessPolicy> p = AccessPolicy::Create(file);
-  EXPECT_TRUE(p.ok()) << p.status();
-  return std::make_shared<const AccessPolicy>(*std::move(p));
+  return PolicyOf({{"admin", kAdmin, {"*"}}, {"mine-only", kMine, {"mine"}}});
 }
 
 // P = 2 MiB, B = 256 KiB, L = K = 1: 8 blocks per page, 64 blocks.

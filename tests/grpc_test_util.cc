@@ -12,6 +12,20 @@
 namespace kvbroker {
 namespace testing {
 
+std::shared_ptr<const AccessPolicy> PolicyOf(
+    const std::vector<TokenGrant>& grants) {
+  v1::AuthTokensFile file;
+  for (const TokenGrant& g : grants) {
+    v1::AuthToken* t = file.add_tokens();
+    t->set_name(g.name);
+    t->set_token(g.token);
+    for (const std::string& pool : g.pools) t->add_pools(pool);
+  }
+  absl::StatusOr<AccessPolicy> p = AccessPolicy::Create(file);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return std::make_shared<const AccessPolicy>(*std::move(p));
+}
+
 std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
   return info.param == Transport::kTcp ? "Tcp" : "Unix";
 }

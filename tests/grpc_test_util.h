@@ -28,10 +28,24 @@
 #include "allocator/units.h"
 #include "gtest/gtest.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
+#include "server/access.h"
 #include "server/daemon.h"
 
 namespace kvbroker {
 namespace testing {
+
+// One entry of a tokens file: a name, its bearer token and the pools it may
+// use ("*" for all).
+struct TokenGrant {
+  std::string name;
+  std::string token;
+  std::vector<std::string> pools;
+};
+
+// The access policy of a tokens file holding `grants`; fails the test if the
+// file is refused.
+std::shared_ptr<const AccessPolicy> PolicyOf(
+    const std::vector<TokenGrant>& grants);
 
 // A fresh Unix socket path, /tmp/kvbt-XXXXXX/kvbrokerd.sock (short, and
 // unique across the test processes Bazel runs in parallel); and its removal,
