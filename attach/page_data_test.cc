@@ -166,9 +166,12 @@ class PageDataTest : public ::testing::Test {
     for (ChildProcess* e : engines) {
       EXPECT_TRUE(absl::StartsWith(Ask(*e, "sync"), "synced"));
     }
+    // The last answer unmaps the page on the thread that delivered it; the
+    // page is in flight (MAPPING) until that unmap lands.
     Eventually([&] {
       const CapacitySnapshot c = *pool_->Capacity();
-      return (c.pages_revoking + c.pages_quarantined).value() == 0;
+      return (c.pages_revoking + c.pages_quarantined + c.pages_mapping)
+                 .value() == 0;
     });
   }
 
