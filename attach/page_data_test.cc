@@ -1,14 +1,20 @@
 // Engines use the memory they hold: an in-process daemon (Broker and
-// AttachServer on the host backend, two devices) and test engines exec'd as
-// separate processes. What one engine writes into its blocks, the daemon
-// reads through its own mapping and a second engine through its own, while
-// other pages are mapped and unmapped around them; every exported fd is
-// closed once the pages are gone.
+// AttachServer) and test engines exec'd as separate processes. What one
+// engine writes into its blocks, the daemon reads through its own mapping and
+// a second engine through its own, while other pages are mapped and unmapped
+// around them; every exported fd is closed once the pages are gone.
+//
+// The daemon runs on host memory with two devices by default, and on the GPUs
+// with KVB_TEST_BACKEND=cuda (the same binary; up to two devices, one on a
+// one-GPU machine). The engines and the daemon's reads then copy block bytes
+// with the driver (engine/testing/device_copy.h, TestBackend::Read).
 
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,7 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "allocator/broker.h"
-#include "allocator/host_backend.h"
+#include "allocator/testing/test_backend.h"
 #include "attach/attach_server.h"
 #include "attach/testing/child_process.h"
 #include "attach/testing/fd_count.h"
@@ -33,18 +39,20 @@ namespace {
 using ::kvbroker::testing::ChildProcess;
 using ::kvbroker::testing::CountOpenFds;
 using ::kvbroker::testing::Runfile;
+using ::kvbroker::testing_support::TestBackend;
 
-// P = 2 MiB, B = 256 KiB, L = 2, K = 2 on devices {0, 1}, N = 40: 8 blocks
-// per page, T = 5 pages of 8 MiB bundles. No IDLE pages are kept: a page
-// emptied is unmapped at once.
-PoolConfig Config() {
+// P = 2 MiB, B = 256 KiB, L = 2, K = 2 on devices {0, 1} (or {0} on a
+// one-GPU machine), N = 40: 8 blocks per page, T = 5 pages of 8 MiB bundles.
+// No IDLE pages are kept: a page emptied is unmapped at once.
+PoolConfig Config(int devices) {
   PoolConfig c;
   c.name = "kv";
   c.page_size = MiB(2);
   c.block_bytes = KiB(256);
   c.num_layers = 2;
   c.num_kv_buffers = 2;
-  c.devices = {0, 1};
+  c.devices.clear();
+  for (int d = 0; d < devices; ++d) c.devices.push_back(d);
   c.max_blocks = 40;
   c.tokens_per_block = 16;
   return c;
@@ -63,18 +71,19 @@ std::vector<int64_t> Ids(const std::string& line) {
 class PageDataTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    HostBackendOptions ho;
-    ho.device_count = 2;
-    ho.device_total = MiB(512);
-    backend_ = std::make_unique<HostBackend>(ho);
+    std::string why;
+    backend_ = TestBackend::Make(1, &why);
+    if (backend_ == nullptr) GTEST_SKIP() << why;
+    devices_ = std::min(2, backend_->backend()->device_count());
+    if (TestBackend::Kind() == "cuda") WarmDriver();
     BrokerOptions bo;
     bo.start_worker = false;
     bo.min_idle_pages = 0;
     bo.max_idle_pages = 0;
     bo.clock = &clock_;
     bo.revoke_timeout = absl::Seconds(10);
-    broker_ = *Broker::Create(backend_.get(), bo);
-    pool_ = *broker_->CreatePool(Config());
+    broker_ = *Broker::Create(backend_->backend(), bo);
+    pool_ = *broker_->CreatePool(Config(devices_));
     char dir[] = "/tmp/kvb-data-XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
@@ -94,8 +103,10 @@ class PageDataTest : public ::testing::Test {
   std::unique_ptr<ChildProcess> Engine(const std::string& holder,
                                        int64_t grace_ms = 0,
                                        const std::string& pool = "kv") {
+    // KVB_TEST_ENGINE names the binary outside Bazel (tools/gpu-run).
+    const char* path = std::getenv("KVB_TEST_ENGINE");
     return std::make_unique<ChildProcess>(
-        Runfile("engine/test_engine"),
+        path != nullptr ? std::string(path) : Runfile("engine/test_engine"),
         std::vector<std::string>{
             absl::StrCat("--socket=", server_->socket_path()),
             absl::StrCat("--holder=", holder), absl::StrCat("--pool=", pool),
@@ -108,11 +119,25 @@ class PageDataTest : public ::testing::Test {
     return engine.ReadLine();
   }
 
+  // The driver opens descriptors of its own at the first export in a
+  // process; one handle exported and released before any baseline is taken
+  // keeps them out of the fd counts.
+  void WarmDriver() {
+    Backend* b = backend_->backend();
+    absl::StatusOr<PhysicalHandle> h = b->Create(0, b->granularity(0));
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::StatusOr<int> fd = b->ExportHandle(0, *h);
+    if (fd.ok()) close(*fd);
+    ASSERT_TRUE(b->Release(0, *h).ok());
+    ASSERT_TRUE(fd.ok()) << fd.status();
+  }
+
   // Words of `blocks` that differ from pattern `seed`, read through the
-  // daemon's own mapping of the pool.
+  // daemon's own mapping of the pool (a failed read counts every word).
   int64_t DaemonMismatches(uint64_t seed, const std::vector<int64_t>& blocks) {
     const Geometry& g = pool_->geometry();
     const PoolConfig& c = g.config();
+    std::vector<char> region(c.block_bytes.value());
     int64_t bad = 0;
     for (int i = 0; i < g.device_count(); ++i) {
       for (int64_t b : blocks) {
@@ -121,9 +146,12 @@ class PageDataTest : public ::testing::Test {
             const uint64_t addr =
                 pool_->range_base(i) + b * g.block_stride().value() +
                 (l * c.num_kv_buffers + k) * c.block_bytes.value();
+            if (!backend_->Read(i, region.data(), addr, region.size()).ok()) {
+              bad += c.block_bytes.value() / 8;
+              continue;
+            }
             bad += kvbroker::testing::PatternMismatches(
-                reinterpret_cast<const void*>(addr), c.block_bytes.value(),
-                seed, i, b, l, k);
+                region.data(), c.block_bytes.value(), seed, i, b, l, k);
           }
         }
       }
@@ -176,7 +204,8 @@ class PageDataTest : public ::testing::Test {
   }
 
   ManualClock clock_;
-  std::unique_ptr<HostBackend> backend_;
+  std::unique_ptr<TestBackend> backend_;
+  int devices_ = 0;
   std::unique_ptr<Broker> broker_;
   std::shared_ptr<PagePool> pool_;
   std::unique_ptr<AttachServer> server_;
@@ -256,7 +285,7 @@ TEST_F(PageDataTest, WritesOfOneEngineReadByTheDaemonAndAnotherEngine) {
 
 TEST_F(PageDataTest, KilledEngineFreesItsBlocksAndTheNextHolderReadsZeros) {
   // A pool that keeps emptied pages mapped (IDLE), so blocks are reused.
-  PoolConfig c = Config();
+  PoolConfig c = Config(devices_);
   c.name = "warm";
   c.max_idle_pages = 5;
   pool_ = *broker_->CreatePool(c);

@@ -9,13 +9,15 @@
 //   sync           -> "synced pages=<mapped>" after a round trip, so every
 //                     page the daemon announced before it has been mapped
 //   write SEED ID...  -> "wrote N bad M": the pattern (testing/pattern.h) of
-//   SEED
-//                     into every device, layer and buffer of each block
-//                     (M counts blocks on pages not mapped here)
+//                     SEED into every device, layer and buffer of each block
+//                     (M counts the words of blocks on pages not mapped here
+//                     and of copies that failed)
 //   check SEED ID...  -> "checked N bad M": M words differ from the pattern
 //                     (SEED 0: from zeros); a block on a page this engine
 //                     has not mapped counts as entirely bad
 //   end [release]  -> ends the session and exits 0
+// Block bytes move through testing/device_copy.h, so the same commands work
+// on a pool on the CUDA backend (device memory) and on the host backend.
 // Killing it (SIGKILL) is how tests model an engine that dies.
 
 #include <cstdio>
@@ -31,6 +33,7 @@
 #include "allocator/failure.h"
 #include "attach/frame.h"
 #include "engine/session.h"
+#include "engine/testing/device_copy.h"
 #include "engine/testing/pattern.h"
 
 ABSL_FLAG(std::string, socket, "", "kvbrokerd's --attach_socket");
@@ -98,6 +101,16 @@ int Run() {
               static_cast<long>((*session)->mapped_pages()));
   std::fflush(stdout);
 
+  std::vector<std::string> uuids;
+  for (const auto& d : (*session)->layout().devices()) uuids.push_back(d.uuid());
+  absl::StatusOr<std::unique_ptr<testing::DeviceCopier>> copier =
+      testing::DeviceCopier::Create((*session)->layout().backend(), uuids);
+  if (!copier.ok()) {
+    PrintError(copier.status());
+    return 1;
+  }
+  std::vector<char> staging((*session)->layout().block_bytes());
+
   std::string line;
   while (std::getline(std::cin, line)) {
     std::vector<std::string> words =
@@ -155,12 +168,26 @@ int Run() {
         if (words[0] == "write") {
           mapped = ForEachRegion(
               **session, b, [&](void* r, int i, int64_t l, int64_t k) {
-                testing::WritePattern(r, bytes, seed, i, b, l, k);
+                testing::WritePattern(staging.data(), bytes, seed, i, b, l, k);
+                if (!(*copier)
+                         ->ToDevice(i, reinterpret_cast<uint64_t>(r),
+                                    staging.data(), bytes)
+                         .ok()) {
+                  bad += bytes / 8;
+                }
               });
         } else {
           mapped = ForEachRegion(
               **session, b, [&](void* r, int i, int64_t l, int64_t k) {
-                bad += testing::PatternMismatches(r, bytes, seed, i, b, l, k);
+                if (!(*copier)
+                         ->FromDevice(i, staging.data(),
+                                      reinterpret_cast<uint64_t>(r), bytes)
+                         .ok()) {
+                  bad += bytes / 8;
+                  return;
+                }
+                bad += testing::PatternMismatches(staging.data(), bytes, seed,
+                                                  i, b, l, k);
               });
         }
         if (!mapped) bad += bytes / 8;
