@@ -20,6 +20,7 @@ const char* OpName(BackendOp op) {
     case BackendOp::kRelease: return "Release";
     case BackendOp::kQueryMemory: return "QueryMemory";
     case BackendOp::kExportHandle: return "ExportHandle";
+    case BackendOp::kZero: return "Zero";
     case BackendOp::kCount: break;
   }
   return "?";
@@ -147,6 +148,12 @@ absl::StatusOr<int> FaultInjectingBackend::ExportHandle(int device,
     return s;
   }
   return target_->ExportHandle(device, handle);
+}
+
+absl::Status FaultInjectingBackend::Zero(int device, uint64_t address,
+                                        Bytes size) {
+  if (absl::Status s = Intercept(BackendOp::kZero, device); !s.ok()) return s;
+  return target_->Zero(device, address, size);
 }
 
 absl::Status FaultInjectingBackend::Release(int device, PhysicalHandle handle) {

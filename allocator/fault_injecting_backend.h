@@ -35,6 +35,7 @@ enum class BackendOp : int {
   kRelease,
   kQueryMemory,
   kExportHandle,
+  kZero,
   kCount,  // number of operations, not an operation
 };
 
@@ -106,9 +107,7 @@ class FaultInjectingBackend final : public Backend {
   absl::Status Release(int device, PhysicalHandle handle) override;
   absl::StatusOr<MemoryInfo> QueryMemory(int device) override;
   absl::StatusOr<int> ExportHandle(int device, PhysicalHandle handle) override;
-  absl::Status Zero(int device, uint64_t address, Bytes size) override {
-    return target_->Zero(device, address, size);
-  }
+  absl::Status Zero(int device, uint64_t address, Bytes size) override;
   std::string device_uuid(int device) const override {
     return target_->device_uuid(device);
   }

@@ -135,18 +135,23 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
   for (PageId p : ledger_.UntakeMapped(mapped_blocks, acq->from_idle)) {
     FileEmptiedLocked(p, unmaps);  // emptied by other calls meanwhile
   }
-  if (!acq->from_reservation.empty()) {
-    if (Reservation* r = reservations_.Find(acq->reservation_id)) {
-      ledger_.Reassign(acq->from_reservation, BlockOwner::kReserved);
-      ReservationTable::PutFront(*r, acq->from_reservation);
-    } else {
-      // The reservation expired or was released meanwhile, and its other
-      // blocks went back to the pool; these follow them.
-      ReturnBlocksLocked(acq->from_reservation, unmaps);
-    }
-  }
+  GiveBackToReservationLocked(acq, unmaps);
   acq->blocks.clear();
   return MappingErrorLocked(m, requested, log, Counted::kYes);
+}
+
+void PagePool::GiveBackToReservationLocked(Acquisition* acq,
+                                           std::vector<Unmap>* unmaps) {
+  if (acq->from_reservation.empty()) return;
+  if (Reservation* r = reservations_.Find(acq->reservation_id)) {
+    ledger_.Reassign(acq->from_reservation, BlockOwner::kReserved);
+    ReservationTable::PutFront(*r, acq->from_reservation);
+  } else {
+    // The reservation expired or was released meanwhile, and its other
+    // blocks went back to the pool; these follow them.
+    ReturnBlocksLocked(acq->from_reservation, unmaps);
+  }
+  acq->from_reservation.clear();
 }
 
 // ---------------------------------------------------------------------------
@@ -414,7 +419,7 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
         if (!s.ok()) return s;
       }
       if (!request.holder.empty()) {
-        KVB_RETURN_IF_ERROR(ZeroForHolderLocked(request.holder, &acq.blocks, id,
+        KVB_RETURN_IF_ERROR(ZeroForHolderLocked(request.holder, &acq, id,
                                                 &unmaps, &epi.log));
       }
       AllocResult out;

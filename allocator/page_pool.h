@@ -339,15 +339,21 @@ class PagePool {
   absl::Status FinishAcquireLocked(Acquisition* acq, int64_t requested,
                                    std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts acq->from_reservation back at the front of its reservation, or,
+  // when the reservation is gone meanwhile, returns them to the pool.
+  void GiveBackToReservationLocked(Acquisition* acq, std::vector<Unmap>* unmaps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- zeroing (holder_tags.h) ---
   // Tags `blocks` (this Alloc's, committed) as `holder`'s and zeroes those
   // that held another holder's data, without the lock: meanwhile they count
   // as reserved by this call in flight, so no Free can name them and their
-  // pages stay mapped. On a failed zero every block goes back to the pool
-  // (`blocks` is cleared) and the typed error is returned.
+  // pages stay mapped. On a failed zero nothing of the Alloc stays: the
+  // blocks a redeemed reservation gave go back to it (at its front, as
+  // before the call), the others to the pool (acq->blocks is cleared), and
+  // the typed error is returned.
   absl::Status ZeroForHolderLocked(const std::string& holder,
-                                   std::vector<BlockId>* blocks,
+                                   Acquisition* acq,
                                    const std::string& request_id,
                                    std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

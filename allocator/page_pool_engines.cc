@@ -14,10 +14,11 @@ namespace kvbroker {
 // Zeroing blocks that pass from one holder to another
 
 absl::Status PagePool::ZeroForHolderLocked(const std::string& holder,
-                                           std::vector<BlockId>* blocks,
+                                           Acquisition* acq,
                                            const std::string& request_id,
                                            std::vector<Unmap>* unmaps,
                                            std::string* log) {
+  std::vector<BlockId>* blocks = &acq->blocks;
   std::vector<BlockId> to_zero;
   tags_.Hand(*blocks, tags_.Intern(holder), &to_zero);
   if (to_zero.empty()) return absl::OkStatus();
@@ -37,11 +38,15 @@ absl::Status PagePool::ZeroForHolderLocked(const std::string& holder,
     stats_.blocks_zeroed_total += n;
     return absl::OkStatus();
   }
-  // Nothing of this call reaches the holder: its blocks go back, and those
-  // that kept old data are zeroed for whoever gets them next.
+  // Nothing of this call reaches the holder: a redeemed reservation gets
+  // its blocks back, the others go back to the pool, and those that kept
+  // old data are zeroed for whoever gets them next.
   tags_.Taint(to_zero);
-  std::sort(blocks->begin(), blocks->end());
-  ReturnBlocksLocked(*blocks, unmaps);
+  std::vector<BlockId> from_pool(blocks->begin() + acq->from_reservation.size(),
+                                 blocks->end());
+  std::sort(from_pool.begin(), from_pool.end());
+  ReturnBlocksLocked(from_pool, unmaps);
+  GiveBackToReservationLocked(acq, unmaps);
   blocks->clear();
   if (zeroed.code() == absl::StatusCode::kInternal) {
     MarkFailedLocked(absl::StrCat("zeroing failed: ", zeroed.message()),

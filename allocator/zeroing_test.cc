@@ -1,6 +1,8 @@
 // Blocks passing from one holder to another are zeroed through the pool's
-// own mapping, on every device, and only those (holder_tags.h). Runs on host
-// memory, and on the GPU with KVB_TEST_BACKEND=cuda (the same binary).
+// own mapping, on every device, and only those (holder_tags.h); a zeroing
+// that fails leaves the pool and a redeemed reservation as they were. Runs
+// on host memory, and on the GPU with KVB_TEST_BACKEND=cuda (the same
+// binary).
 
 #include <memory>
 #include <string>
@@ -8,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/device_budget.h"
+#include "allocator/failure.h"
+#include "allocator/fault_injecting_backend.h"
 #include "allocator/page_pool.h"
 #include "allocator/testing/test_backend.h"
 #include "gtest/gtest.h"
@@ -23,7 +27,8 @@ class ZeroingTest : public ::testing::TestWithParam<int> {
     std::string why;
     tb_ = TestBackend::Make(GetParam(), &why);
     if (tb_ == nullptr) GTEST_SKIP() << why;
-    budgets_ = std::make_unique<DeviceBudgets>(tb_->backend(), 0.9);
+    faults_ = std::make_unique<FaultInjectingBackend>(tb_->backend());
+    budgets_ = std::make_unique<DeviceBudgets>(faults_.get(), 0.9);
     ASSERT_TRUE(budgets_->Init().ok());
     // P = 2 MiB, B = 512 KiB, L = K = 1: 4 blocks per page, 8 pages.
     PoolConfig c;
@@ -36,7 +41,7 @@ class ZeroingTest : public ::testing::TestWithParam<int> {
     PoolOptions o;
     o.min_idle_pages = 0;
     o.max_idle_pages = 4;  // emptied pages stay mapped: blocks are reused
-    auto pool = PagePool::Create(c, tb_->backend(), budgets_.get(), &clock_, o);
+    auto pool = PagePool::Create(c, faults_.get(), budgets_.get(), &clock_, o);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *std::move(pool);
   }
@@ -86,7 +91,28 @@ class ZeroingTest : public ::testing::TestWithParam<int> {
     return n;
   }
 
+  // Every figure of a capacity snapshot, pages included.
+  static std::string Figures(const CapacitySnapshot& c) {
+    std::string out = absl::StrCat(
+        "gen=", c.generation, " avail=", c.available_blocks.value(),
+        " res=", c.reserved_blocks.value(),
+        " alloc=", c.allocated_blocks.value(), " free=", c.pages_free.value(),
+        " mapping=", c.pages_mapping.value(), " idle=", c.pages_idle.value(),
+        " open=", c.pages_open.value(), " full=", c.pages_full.value(),
+        " revoking=", c.pages_revoking.value(),
+        " quarantined=", c.pages_quarantined.value(),
+        " mapped=", c.mapped_bytes.value(), " healthy=", c.healthy);
+    for (const PageInfo& p : c.pages) {
+      absl::StrAppend(&out, " [", p.page_id, " ", static_cast<int>(p.state),
+                      " ", p.free_blocks.value(), "/",
+                      p.allocated_blocks.value(), "/",
+                      p.reserved_blocks.value(), "]");
+    }
+    return out;
+  }
+
   std::unique_ptr<TestBackend> tb_;
+  std::unique_ptr<FaultInjectingBackend> faults_;
   std::unique_ptr<DeviceBudgets> budgets_;
   ManualClock clock_;
   std::unique_ptr<PagePool> pool_;
@@ -130,6 +156,49 @@ TEST_P(ZeroingTest, BlocksPassingToAnotherHolderAreZeroedOnlyThen) {
   EXPECT_EQ(Differing(0, 0), 0);
   EXPECT_EQ(Differing(1, 'b'), 0);
   EXPECT_EQ(pool_->Stats().blocks_zeroed_total, 5);
+  EXPECT_TRUE(pool_->CheckInvariants().ok());
+}
+
+TEST_P(ZeroingTest, FailedZeroingLeavesTheRedeemedReservationAsItWas) {
+  const std::vector<BlockId> a = Alloc(4, "engine-a");  // page 0
+  for (BlockId b : a) Fill(b, 'a');
+  Free(a);
+  // A scheduler reserves page 0's blocks for engine B; they still hold A's
+  // bytes, so redeeming them for B zeroes them.
+  ReserveRequest r;
+  r.num_blocks = 3;
+  absl::StatusOr<ReservationInfo> res = pool_->Reserve(r);
+  ASSERT_TRUE(res.ok()) << res.status();
+  const std::string before = Figures(*pool_->Capacity());
+  ASSERT_EQ(pool_->Capacity()->reserved_blocks.value(), 3);
+
+  // The zeroing fails on the last device, after the others were zeroed.
+  faults_->AddFault({BackendOp::kZero, FaultKind::kError, 1,
+                     pool_->geometry().devices().back()});
+  AllocRequest redeem;
+  redeem.num_blocks = 3;
+  redeem.reservation_id = res->reservation_id;
+  redeem.holder = "engine-b";
+  absl::StatusOr<AllocResult> failed = pool_->Alloc(redeem);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(GetReason(failed.status()), FailureReason::kMappingFailed)
+      << failed.status();
+  EXPECT_EQ(faults_->injected(BackendOp::kZero), 1);
+  // Nothing changed: the reservation holds its blocks, no block was
+  // allocated or returned, the pool is healthy.
+  EXPECT_EQ(Figures(*pool_->Capacity()), before);
+  EXPECT_EQ(pool_->Stats().blocks_zeroed_total, 0);
+  EXPECT_TRUE(pool_->CheckInvariants().ok());
+
+  // The same redemption, retried, gets exactly the reservation's blocks,
+  // zeroed (the ones the failed call did zero, and the others).
+  absl::StatusOr<AllocResult> got = pool_->Alloc(redeem);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(AllBlockIds(*got), res->pages.front().block_ids);
+  for (BlockId b : AllBlockIds(*got)) EXPECT_EQ(Differing(b, 0), 0);
+  EXPECT_EQ(pool_->Capacity()->reserved_blocks.value(), 0);
+  EXPECT_EQ(pool_->Capacity()->allocated_blocks.value(), 3);
+  EXPECT_EQ(pool_->Stats().blocks_zeroed_total, 3);
   EXPECT_TRUE(pool_->CheckInvariants().ok());
 }
 
