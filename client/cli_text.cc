@@ -1,5 +1,9 @@
 #include "client/cli_text.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -81,6 +85,79 @@ std::string PageCountsText(const v1::PageCounts& p) {
                     p.quarantined_pages());
   }
   return text;
+}
+
+namespace {
+
+struct BarPart {
+  const char* name;
+  const char* color;
+  char glyph;
+};
+
+// PageBar's states, in bar order.
+constexpr BarPart kBarParts[] = {
+    {"full", "\x1b[31m", '#'},      {"open", "\x1b[33m", '+'},
+    {"idle", "\x1b[32m", '='},      {"mapping", "\x1b[36m", '~'},
+    {"revoking", "\x1b[34m", '<'},  {"quarantined", "\x1b[41m", '!'},
+    {"free", "\x1b[2m", '.'},       {"reclaimed", "\x1b[35m", 'x'},
+};
+constexpr size_t kBarPartCount = sizeof(kBarParts) / sizeof(kBarParts[0]);
+
+}  // namespace
+
+std::string PageBar(const v1::PageCounts& p, int width) {
+  const int64_t pages[kBarPartCount] = {
+      p.full_pages(),     p.open_pages(),        p.idle_pages(),
+      p.mapping_pages(),  p.revoking_pages(),    p.quarantined_pages(),
+      p.free_pages(),     p.reclaimed_pages(),
+  };
+  int64_t total = 0;
+  for (int64_t n : pages) total += n;
+  if (total == 0 || width <= 0) {
+    return absl::StrCat("[", std::string(std::max(width, 0), ' '), "]");
+  }
+  int cells[kBarPartCount];
+  int used = 0;
+  size_t order[kBarPartCount];
+  for (size_t i = 0; i < kBarPartCount; ++i) {
+    cells[i] = static_cast<int>(pages[i] * width / total);
+    used += cells[i];
+    order[i] = i;
+  }
+  std::stable_sort(order, order + kBarPartCount, [&](size_t a, size_t b) {
+    return (pages[a] * width) % total > (pages[b] * width) % total;
+  });
+  for (size_t k = 0; used < width && k < kBarPartCount; ++k) {
+    if (pages[order[k]] == 0) continue;
+    ++cells[order[k]];
+    ++used;
+  }
+  for (size_t i = 0; i < kBarPartCount; ++i) {
+    if (pages[i] == 0 || cells[i] > 0) continue;
+    int* widest = std::max_element(cells, cells + kBarPartCount);
+    if (*widest > 1) {
+      --*widest;
+      cells[i] = 1;
+    }
+  }
+  std::string bar = "[";
+  for (size_t i = 0; i < kBarPartCount; ++i) {
+    if (cells[i] == 0) continue;
+    absl::StrAppend(&bar, kBarParts[i].color,
+                    std::string(cells[i], kBarParts[i].glyph), "\x1b[0m");
+  }
+  return bar + "]";
+}
+
+std::string PageBarLegend() {
+  std::string legend = "pages:";
+  for (const BarPart& part : kBarParts) {
+    absl::StrAppend(&legend, " ", part.color, std::string(1, part.glyph),
+                    "\x1b[0m ", part.name, " ");
+  }
+  legend.pop_back();
+  return legend;
 }
 
 std::string HealthText(const v1::CapacitySnapshot& c) {

@@ -38,6 +38,14 @@ std::string StateName(v1::PageState state);
 std::string LimitText(const v1::MemoryLimit& limit);
 // "full 0  open 1  idle 0  mapping 0  free 1  reclaimed 0  empty 1".
 std::string PageCountsText(const v1::PageCounts& pages);
+// Pages by state as a bar of `width` characters between brackets, each
+// state's share rounded by largest remainder, in ANSI colours; a state with
+// any page shows at least one character. EMPTY pages (never mapped) are left
+// out; pages that attached engines still map on their way out (REVOKING,
+// QUARANTINED) are in.
+std::string PageBar(const v1::PageCounts& pages, int width);
+// The glyph of each state in PageBar, in its colour.
+std::string PageBarLegend();
 // "healthy" or "FAILED: <why>".
 std::string HealthText(const v1::CapacitySnapshot& capacity);
 // "0,1" (an empty device list means device 0).

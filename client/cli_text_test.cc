@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 #include "client/kvbroker_client.h"
 #include "gtest/gtest.h"
 #include "proto/google/rpc/error_details.pb.h"
@@ -76,6 +78,54 @@ TEST(ExitCodeTest, ErrorsWithoutAReasonGoByCode) {
   EXPECT_EQ(ExitCodeFor(absl::InternalError("bug")), kExitOther);
   EXPECT_EQ(ExitCodeFor(absl::ResourceExhaustedError("msg too big")),
             kExitOther);
+}
+
+// One state's run of `n` glyphs in the bar, colour codes spelled out.
+std::string Glyphs(const char* color, char glyph, int n) {
+  return absl::StrCat(color, std::string(n, glyph), "\x1b[0m");
+}
+
+TEST(PageBarTest, EveryStateHasItsShareRevokingAndQuarantinedIncluded) {
+  v1::PageCounts pages;
+  pages.set_full_pages(2);
+  pages.set_open_pages(1);
+  pages.set_idle_pages(1);
+  pages.set_revoking_pages(2);
+  pages.set_quarantined_pages(2);
+  pages.set_free_pages(12);
+  pages.set_empty_pages(5);  // never shown
+  EXPECT_EQ(PageBar(pages, 20),
+            absl::StrCat("[", Glyphs("\x1b[31m", '#', 2), Glyphs("\x1b[33m", '+', 1),
+                         Glyphs("\x1b[32m", '=', 1), Glyphs("\x1b[34m", '<', 2),
+                         Glyphs("\x1b[41m", '!', 2), Glyphs("\x1b[2m", '.', 12),
+                         "]"));
+}
+
+TEST(PageBarTest, AQuarantinedPageAmongManyStillShows) {
+  v1::PageCounts pages;
+  pages.set_free_pages(1000);
+  pages.set_quarantined_pages(1);
+  EXPECT_EQ(PageBar(pages, 10),
+            absl::StrCat("[", Glyphs("\x1b[41m", '!', 1), Glyphs("\x1b[2m", '.', 9),
+                         "]"));
+  pages.set_quarantined_pages(0);
+  pages.set_revoking_pages(1);
+  EXPECT_EQ(PageBar(pages, 10),
+            absl::StrCat("[", Glyphs("\x1b[34m", '<', 1), Glyphs("\x1b[2m", '.', 9),
+                         "]"));
+  EXPECT_EQ(PageBar(v1::PageCounts(), 4), "[    ]");
+}
+
+TEST(PageBarTest, LegendNamesEveryGlyphOfTheBar) {
+  EXPECT_EQ(PageBarLegend(),
+            absl::StrCat("pages: ", Glyphs("\x1b[31m", '#', 1), " full  ",
+                         Glyphs("\x1b[33m", '+', 1), " open  ",
+                         Glyphs("\x1b[32m", '=', 1), " idle  ",
+                         Glyphs("\x1b[36m", '~', 1), " mapping  ",
+                         Glyphs("\x1b[34m", '<', 1), " revoking  ",
+                         Glyphs("\x1b[41m", '!', 1), " quarantined  ",
+                         Glyphs("\x1b[2m", '.', 1), " free  ",
+                         Glyphs("\x1b[35m", 'x', 1), " reclaimed"));
 }
 
 TEST(TextTest, Forms) {

@@ -108,8 +108,7 @@ class TopModel {
         "    q quit  j/k scroll"));
     lines.push_back(
         server_error_.empty()
-            ? "pages: # full  + open  = idle  ~ mapping  . free  "
-              "x reclaimed"
+            ? PageBarLegend()
             : absl::StrCat("\x1b[31mserver: ", server_error_, "\x1b[0m"));
     lines.push_back("");
     const int per_pool = 6;
@@ -177,61 +176,6 @@ class TopModel {
     return out + "\x1b[0m";
   }
 
-  // Pages by state as a bar of `width` characters, each state's share
-  // rounded by largest remainder; a state with any page shows at least one
-  // character. EMPTY pages (never mapped) are left out.
-  static std::string Bar(const v1::PageCounts& p, int width) {
-    struct Part {
-      int64_t pages;
-      const char* color;
-      char glyph;
-    };
-    const Part parts[] = {
-        {p.full_pages(), "\x1b[31m", '#'},
-        {p.open_pages(), "\x1b[33m", '+'},
-        {p.idle_pages(), "\x1b[32m", '='},
-        {p.mapping_pages(), "\x1b[36m", '~'},
-        {p.free_pages(), "\x1b[2m", '.'},
-        {p.reclaimed_pages(), "\x1b[35m", 'x'},
-    };
-    constexpr size_t kParts = sizeof(parts) / sizeof(parts[0]);
-    int64_t total = 0;
-    for (const Part& part : parts) total += part.pages;
-    if (total == 0) return absl::StrCat("[", std::string(width, ' '), "]");
-    int cells[kParts];
-    int used = 0;
-    size_t order[kParts];
-    for (size_t i = 0; i < kParts; ++i) {
-      cells[i] = static_cast<int>(parts[i].pages * width / total);
-      used += cells[i];
-      order[i] = i;
-    }
-    std::sort(order, order + kParts, [&](size_t a, size_t b) {
-      return (parts[a].pages * width) % total >
-             (parts[b].pages * width) % total;
-    });
-    for (size_t k = 0; used < width && k < kParts; ++k) {
-      if (parts[order[k]].pages == 0) continue;
-      ++cells[order[k]];
-      ++used;
-    }
-    for (size_t i = 0; i < kParts; ++i) {
-      if (parts[i].pages == 0 || cells[i] > 0) continue;
-      int* widest = std::max_element(cells, cells + kParts);
-      if (*widest > 1) {
-        --*widest;
-        cells[i] = 1;
-      }
-    }
-    std::string bar = "[";
-    for (size_t i = 0; i < kParts; ++i) {
-      if (cells[i] == 0) continue;
-      absl::StrAppend(&bar, parts[i].color,
-                      std::string(cells[i], parts[i].glyph), "\x1b[0m");
-    }
-    return bar + "]";
-  }
-
   static void RenderPool(const std::string& name, const PoolView& view,
                          const EnginesView& engines,
                          const std::string& engines_error, int cols,
@@ -251,7 +195,7 @@ class TopModel {
         " block ids  ", view.info.page_count(), " pages  devices ",
         DevicesText(spec), "  gen ", c.generation(), "  ", health));
     const int bar_width = std::clamp(cols - 90, 10, 60);
-    lines->push_back(absl::StrCat("  pages   ", Bar(c.pages(), bar_width), "  ",
+    lines->push_back(absl::StrCat("  pages   ", PageBar(c.pages(), bar_width), "  ",
                                   PageCountsText(c.pages())));
     lines->push_back(absl::StrCat(
         "  blocks  available ", c.available_blocks(), "  allocated ",
