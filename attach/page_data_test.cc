@@ -72,7 +72,8 @@ class PageDataTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
-    backend_ = TestBackend::Make(1, &why);
+    // Two devices on the host; on CUDA those the machine has, up to two.
+    backend_ = TestBackend::Make(TestBackend::Kind() == "cuda" ? 1 : 2, &why);
     if (backend_ == nullptr) GTEST_SKIP() << why;
     devices_ = std::min(2, backend_->backend()->device_count());
     if (TestBackend::Kind() == "cuda") WarmDriver();
