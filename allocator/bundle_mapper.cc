@@ -163,11 +163,12 @@ bool BundleMapper::holds(PageId p) const {
   return false;
 }
 
-int64_t BundleMapper::ReleaseHeld() {
+int64_t BundleMapper::ReleaseHeld(const std::vector<bool>& keep) {
   int64_t still_held = 0;
   const int64_t pages = geometry_->page_count().value();
   for (PageId p = 0; p < pages && held_handles() > 0; ++p) {
     if (!holds(p)) continue;
+    if (p < static_cast<PageId>(keep.size()) && keep[p]) continue;
     if (!Undo(p).ok()) ++still_held;
   }
   return still_held;

@@ -95,9 +95,10 @@ class BundleMapper {
   // Whether any device of page p still holds a handle (mapped, or created
   // and not yet released).
   bool holds(PageId p) const;
-  // Unmaps and releases every page that holds anything. Returns the pages
+  // Unmaps and releases every page that holds anything, except the pages p
+  // with keep[p] (engines may still map them). Returns the pages not kept
   // that still hold a handle afterwards (their steps failed again).
-  int64_t ReleaseHeld();
+  int64_t ReleaseHeld(const std::vector<bool>& keep = {});
   // Backend handles created and not yet released, over every page.
   int64_t held_handles() const {
     return held_handles_.load(std::memory_order_relaxed);

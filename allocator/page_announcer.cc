@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/failure.h"
 
 namespace kvbroker {
 
@@ -60,6 +61,10 @@ absl::Status PageAnnouncer::AddListener(
     PageListener* listener,
     absl::FunctionRef<void(absl::Span<const MappedPage>)> snapshot) {
   absl::MutexLock lock(&mu_);
+  if (closed_) {
+    return MakeFailure(FailureReason::kPoolNotFound,
+                       "the pool is being deleted");
+  }
   std::vector<MappedPage> pages;
   pages.reserve(announced_count_);
   for (PageId p = 0; p < static_cast<PageId>(announced_.size()); ++p) {
@@ -119,9 +124,22 @@ absl::StatusOr<std::vector<PageId>> PageAnnouncer::Ack(PageListener* listener,
   return done;
 }
 
-void PageAnnouncer::CancelRevocations() {
+void PageAnnouncer::Close() {
   absl::MutexLock lock(&mu_);
-  revocations_.clear();
+  closed_ = true;
+  for (PageListener* l : listeners_) l->OnPoolClosed();
+}
+
+int64_t PageAnnouncer::revocations_in_time(const PageListener* listener,
+                                           absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, r] : revocations_) {
+    if (r.deadline >= now) {
+      n += std::count(r.waiting.begin(), r.waiting.end(), listener);
+    }
+  }
+  return n;
 }
 
 int64_t PageAnnouncer::pending_revocations(const PageListener* listener) const {

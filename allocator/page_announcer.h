@@ -74,22 +74,27 @@ class PageAnnouncer {
   // `id` is not pending for `listener`.
   absl::StatusOr<std::vector<PageId>> Ack(PageListener* listener, uint64_t id)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Forgets every pending revocation (the pool is shutting down and unmaps
-  // the pages itself).
-  void CancelRevocations() ABSL_LOCKS_EXCLUDED(mu_);
+  // The pool is shutting down (after revoking every announced page): every
+  // listener hears OnPoolClosed, and AddListener refuses from now on.
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
   // Revocations `listener` has yet to acknowledge, and how many of their
   // pages are past their deadline at `now`.
   int64_t pending_revocations(const PageListener* listener) const
       ABSL_LOCKS_EXCLUDED(mu_);
   int64_t overdue_pages(const PageListener* listener, absl::Time now) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Revocations `listener` has yet to acknowledge whose deadline has not
+  // passed at `now`.
+  int64_t revocations_in_time(const PageListener* listener,
+                              absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
   // Revocations waiting for any listener.
   int64_t revocations() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Registers `listener` and calls `snapshot` (with the lock held, so no
   // page is announced or withdrawn meanwhile) with every announced page in
-  // ascending order. Errors: the backend's export error (nothing is
-  // registered). `listener` must stay valid until RemoveListener.
+  // ascending order. Errors: the backend's export error, POOL_NOT_FOUND
+  // after Close (nothing is registered). `listener` must stay valid until
+  // RemoveListener.
   absl::Status AddListener(
       PageListener* listener,
       absl::FunctionRef<void(absl::Span<const MappedPage>)> snapshot)
@@ -119,6 +124,8 @@ class PageAnnouncer {
   int64_t announced_count_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t export_failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<PageListener*> listeners_ ABSL_GUARDED_BY(mu_);
+  // Set by Close: the pool is gone; no listener joins.
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 
   // A revocation waits for the listeners in `waiting`; its pages are
   // unmapped when none is left.

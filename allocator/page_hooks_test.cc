@@ -9,8 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "allocator/failure.h"
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
 #include "allocator/page_pool.h"
@@ -53,7 +55,10 @@ class RecordingListener : public PageListener {
     revocations.push_back(id);
     revoked.insert(revoked.end(), pages.begin(), pages.end());
     deadlines.push_back(deadline);
+    events.push_back("revoked");
   }
+  void OnPoolClosed() override { events.push_back("closed"); }
+  std::vector<std::string> events;
   PagePool* pool_;
   std::vector<uint64_t> revocations;
   std::vector<PageId> revoked;
@@ -218,8 +223,9 @@ TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
   EXPECT_EQ(l.heard.size(), 3u);
   EXPECT_EQ(OpenFds(), baseline + 2 + 2);
 
-  // Forced shutdown with blocks allocated and a page still revoking
-  // closes everything.
+  // Forced shutdown with blocks allocated and a page still revoking: the
+  // listener is asked to let go of the mapped pages; everything it knows
+  // stays until it leaves, then every fd closes.
   backend_.ClearFaults();
   const std::vector<BlockId> nine = Alloc(*pool, 9, "");  // IDLE + 2 new
   EXPECT_EQ(l.heard.size(), 5u);
@@ -229,8 +235,68 @@ TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
   EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 1);
   EXPECT_EQ(OpenFds(), baseline + 6 + 6);
   EXPECT_TRUE(pool->Shutdown(/*force=*/true).ok());
-  EXPECT_EQ(OpenFds(), baseline);
+  EXPECT_EQ(OpenFds(), baseline + 6 + 6);
   pool->RemovePageListener(&l);
+  EXPECT_EQ(OpenFds(), baseline);
+  EXPECT_EQ(backend_.live_handles(), 0);
+}
+
+TEST_F(PageHooksTest, ShutdownRevokesWhatListenersMapAndReleasesAsTheyLetGo) {
+  auto pool = MakePool(/*max_idle=*/0);
+  RecordingListener a(pool.get()), b(pool.get());
+  ASSERT_TRUE(pool->AddPageListener(&a, [](auto) {}).ok());
+  ASSERT_TRUE(pool->AddPageListener(&b, [](auto) {}).ok());
+  Alloc(*pool, 8, "");  // pages 0 and 1
+  const std::vector<BlockId> third = Alloc(*pool, 4, "");  // page 2
+  Free(*pool, third);  // page 2 revoking: its own revocation
+  ASSERT_EQ(a.revocations.size(), 1u);
+  const Bytes charged = budgets_.Snapshot(0).charged;
+  ASSERT_EQ(backend_.live_handles(), 6);
+  const int64_t ranges_freed = backend_.calls(BackendOp::kFreeRange);
+
+  // A forced shutdown revokes pages 0 and 1 (one revocation, the usual
+  // deadline), then tells each listener the pool is closed.
+  EXPECT_TRUE(pool->Shutdown(/*force=*/true).ok());
+  ASSERT_EQ(a.revocations.size(), 2u);
+  EXPECT_EQ(a.revoked, (std::vector<PageId>{2, 0, 1}));
+  EXPECT_EQ(a.deadlines[1], clock_.Now() + absl::Seconds(5));
+  EXPECT_EQ(a.events,
+            (std::vector<std::string>{"revoked", "revoked", "closed"}));
+  EXPECT_EQ(b.events, a.events);
+  EXPECT_EQ(GetReason(pool->Capacity().status()),
+            FailureReason::kPoolNotFound);
+  // Nobody joins a closed pool.
+  RecordingListener late(pool.get());
+  EXPECT_EQ(GetReason(pool->AddPageListener(&late, [](auto) {})),
+            FailureReason::kPoolNotFound);
+
+  // Nothing an engine may still map is unmapped: every handle is held and
+  // charged, and the ranges stay reserved.
+  EXPECT_EQ(backend_.live_handles(), 6);
+  EXPECT_EQ(budgets_.Snapshot(0).charged, charged);
+  EXPECT_EQ(pool->quarantined_pages(&a), 0);
+  // Past the deadline they are quarantined, still held.
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(pool->quarantined_pages(&a), 3);
+  EXPECT_EQ(pool->revocations_in_time(&a), 0);
+  EXPECT_EQ(backend_.live_handles(), 6);
+
+  // A acknowledges both; B still maps them.
+  ASSERT_TRUE(pool->AckRevocation(&a, a.revocations[0]).ok());
+  ASSERT_TRUE(pool->AckRevocation(&a, a.revocations[1]).ok());
+  EXPECT_EQ(backend_.live_handles(), 6);
+  // B acknowledges page 2's revocation: that page goes.
+  ASSERT_TRUE(pool->AckRevocation(&b, b.revocations[0]).ok());
+  EXPECT_EQ(backend_.live_handles(), 4);
+  EXPECT_EQ(budgets_.Snapshot(0).charged, charged - MiB(2));
+  EXPECT_EQ(backend_.calls(BackendOp::kFreeRange), ranges_freed);
+  // B leaves: the rest goes, then the ranges.
+  pool->RemovePageListener(&b);
+  pool->RemovePageListener(&a);
+  EXPECT_EQ(backend_.live_handles(), 0);
+  EXPECT_EQ(budgets_.Snapshot(0).charged, charged - MiB(2) * 3);
+  EXPECT_EQ(backend_.calls(BackendOp::kFreeRange), ranges_freed + 2);
+  EXPECT_EQ(pool->backend_handles(), 0);
 }
 
 TEST_F(PageHooksTest, UnacknowledgedRevocationQuarantinesUntilTheListenerGoes) {

@@ -43,6 +43,14 @@ class PageListener {
   virtual void OnPagesRevoked(uint64_t revocation_id,
                               absl::Span<const PageId> pages,
                               absl::Time deadline) = 0;
+
+  // The pool is being deleted (PagePool::Shutdown). Called once, after
+  // every page the listener knows was revoked (OnPagesRevoked), so a
+  // listener that queues what it hears keeps that order. The pool answers
+  // every call with POOL_NOT_FOUND from now on; the revoked pages are
+  // unmapped and released as acknowledgements (or RemovePageListener)
+  // come. Same calling rules as OnPagesMapped.
+  virtual void OnPoolClosed() {}
 };
 
 }  // namespace kvbroker

@@ -182,11 +182,15 @@ class PagePool {
 
   // Releases everything. Without `force`, refuses (POOL_NOT_EMPTY) while
   // blocks are allocated or reserved. Otherwise the pool is shut down: every
-  // call returns POOL_NOT_FOUND from then on. Errors: POOL_NOT_EMPTY;
-  // INTERNAL when some pages could not be unmapped and released: the pool
-  // is shut down all the same, still owns their handles (backend_handles()
-  // > 0, still charged to the device budgets) and ReleaseLeftovers retries
-  // them.
+  // call returns POOL_NOT_FOUND from then on. Pages that page listeners
+  // (engines) know are revoked first, with the usual deadline, and every
+  // listener then hears OnPoolClosed; such a page keeps its handles and
+  // stays charged until every listener told acknowledged or left (past the
+  // deadline it is quarantined, as elsewhere), and the ranges are freed
+  // after the last of them. Errors: POOL_NOT_EMPTY; INTERNAL when some pages
+  // could not be unmapped and released: the pool is shut down all the same,
+  // still owns their handles (backend_handles() > 0, still charged to the
+  // device budgets) and ReleaseLeftovers retries them.
   absl::Status Shutdown(bool force) ABSL_LOCKS_EXCLUDED(mu_);
   // After a Shutdown that returned INTERNAL: retries the unmaps and releases
   // still owed, uncharges the pages that come back, and frees the address
@@ -236,6 +240,10 @@ class PagePool {
   }
   int64_t quarantined_pages(const PageListener* listener) const {
     return announcer_.overdue_pages(listener, clock_->Now());
+  }
+  // Revocations `listener` has yet to acknowledge within their deadline.
+  int64_t revocations_in_time(const PageListener* listener) const {
+    return announcer_.revocations_in_time(listener, clock_->Now());
   }
   // Revocations waiting for some listener (per pool; the pages are counted
   // by Capacity: pages_revoking, pages_quarantined).
@@ -382,7 +390,8 @@ class PagePool {
   // and stays IDLE). Returns the pages landed; clears `unmaps`.
   int64_t LandUnmapsLocked(std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unmaps and lands revoked pages every engine has let go of.
+  // Unmaps and lands revoked pages every engine has let go of (after
+  // Shutdown: releases them).
   void UnmapRevoked(const std::vector<PageId>& pages) ABSL_LOCKS_EXCLUDED(mu_);
   // After blocks were returned: completes a deferred shrink when possible.
   void SettleLimitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -399,8 +408,9 @@ class PagePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkFailedLocked(const std::string& why, bool device_lost,
                         std::string* log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After shut_down_: mapper_.ReleaseHeld without the lock, then the
-  // uncharge; returns the pages still held.
+  // After shut_down_: mapper_.ReleaseHeld without the lock (sparing the
+  // pages engines_hold_), then the uncharge, and the ranges once nothing is
+  // held; returns the pages whose release failed.
   int64_t ReleaseLeftoversLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- reservations and idempotency ---
@@ -472,8 +482,15 @@ class PagePool {
   // After shut_down_: the pages still charged, i.e. still holding a handle
   // in mapper_; ReleaseLeftovers brings it to 0.
   int64_t charged_after_shutdown_ ABSL_GUARDED_BY(mu_) = 0;
-  // A ReleaseLeftovers is running without the lock.
+  // A ReleaseLeftovers is running without the lock; release_again_: a page
+  // engines let go of meanwhile waits for another round.
   bool releasing_ ABSL_GUARDED_BY(mu_) = false;
+  bool release_again_ ABSL_GUARDED_BY(mu_) = false;
+  // After shut_down_: pages revoked by the shutdown (or still revoking
+  // then) that engines may still map. They keep their handles, stay
+  // charged and keep the ranges reserved until every engine told
+  // acknowledged or left (UnmapRevoked); indexed by page id.
+  std::vector<bool> engines_hold_ ABSL_GUARDED_BY(mu_);
   // Blocks held as reserved by a Reserve in flight (no reservation yet).
   int64_t reserving_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no

@@ -86,6 +86,17 @@ void PagePool::UnmapRevoked(const std::vector<PageId>& pages) {
   Epilogue epi;
   {
     absl::MutexLock lock(&mu_);
+    if (shut_down_) {
+      bool let_go = false;
+      for (PageId p : pages) {
+        if (p < static_cast<PageId>(engines_hold_.size()) && engines_hold_[p]) {
+          engines_hold_[p] = false;
+          let_go = true;
+        }
+      }
+      if (let_go) ReleaseLeftoversLocked();
+      return;
+    }
     epi.before = generation_;
     std::vector<Unmap> unmaps;
     for (PageId p : pages) {

@@ -119,6 +119,13 @@ absl::Status PagePool::Init() {
 
 PagePool::~PagePool() {
   (void)Shutdown(/*force=*/true);
+  {
+    // No listener is left (each holds the pool while registered); pages
+    // still kept for engines go with the rest.
+    absl::MutexLock lock(&mu_);
+    engines_hold_.clear();
+    ReleaseLeftoversLocked();
+  }
   if (const int64_t left = mapper_.held_handles(); left > 0) {
     std::fprintf(stderr,
                  "kvbroker: pool %s destroyed holding %lld backend handle(s) "
@@ -147,24 +154,34 @@ absl::Status PagePool::Shutdown(bool force) {
       +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
   shut_down_ = true;
   // From here every call answers POOL_NOT_FOUND and leaves the pages alone.
-  // Engines that still map revoked pages keep their memory alive through
-  // their own imports; the pool's handles go now.
-  std::vector<PageId> announced;
-  for (PageId p = 0; p < geometry_.page_count().value(); ++p) {
+  // Engines are asked to let go of every mapped page; until they have (or
+  // left), the pages they know keep their handles. Pages still revoking
+  // wait for their own revocations.
+  const PageId pages = geometry_.page_count().value();
+  engines_hold_.assign(pages, false);
+  std::vector<PageId> mapped;
+  for (PageId p = 0; p < pages; ++p) {
     const PageState s = ledger_.page(p).state;
-    if (s == PageState::kIdle || s == PageState::kOpen ||
-        s == PageState::kFull || revoking_.contains(p)) {
-      announced.push_back(p);
+    if (revoking_.contains(p)) {
+      engines_hold_[p] = true;
+    } else if (s == PageState::kIdle || s == PageState::kOpen ||
+               s == PageState::kFull) {
+      engines_hold_[p] = true;
+      mapped.push_back(p);
     }
   }
   revoking_.clear();
-  WithoutLock([&] {
-    announcer_.Withdraw(announced);
-    announcer_.CancelRevocations();
-  });
   // The mapped pages and the stranded ones are exactly what is charged.
   charged_after_shutdown_ = ledger_.mapped_pages().value() + stranded_pages_;
   stranded_pages_ = 0;
+  const absl::Time deadline = clock_->Now() + options_.revoke_timeout;
+  std::vector<PageId> unknown;
+  WithoutLock([&] {
+    uint64_t revocation = 0;
+    unknown = announcer_.Revoke(mapped, deadline, &revocation);
+    announcer_.Close();
+  });
+  for (PageId p : unknown) engines_hold_[p] = false;
   const int64_t held = ReleaseLeftoversLocked();
   if (held > 0) {
     return absl::InternalError(
@@ -182,18 +199,27 @@ int64_t PagePool::ReleaseLeftovers() {
 }
 
 int64_t PagePool::ReleaseLeftoversLocked() {
-  if (releasing_) return charged_after_shutdown_;
-  if (mapper_.held_handles() == 0 && !mapper_.has_ranges()) return 0;
-  releasing_ = true;
+  if (releasing_) {
+    release_again_ = true;
+    return charged_after_shutdown_;
+  }
   int64_t held = 0;
-  WithoutLock([&] {
-    held = mapper_.ReleaseHeld();
-    if (held == 0 && mapper_.has_ranges()) mapper_.FreeRanges();
-  });
-  releasing_ = false;
-  budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(),
-                     std::max<int64_t>(0, charged_after_shutdown_ - held));
-  charged_after_shutdown_ = held;
+  do {
+    release_again_ = false;
+    if (mapper_.held_handles() == 0 && !mapper_.has_ranges()) return 0;
+    const std::vector<bool> keep = engines_hold_;
+    const int64_t kept = std::count(keep.begin(), keep.end(), true);
+    releasing_ = true;
+    WithoutLock([&] {
+      held = mapper_.ReleaseHeld(keep);
+      if (held == 0 && kept == 0 && mapper_.has_ranges()) mapper_.FreeRanges();
+    });
+    releasing_ = false;
+    budgets_->Uncharge(
+        geometry_.devices(), geometry_.bundle_bytes(),
+        std::max<int64_t>(0, charged_after_shutdown_ - held - kept));
+    charged_after_shutdown_ = held + kept;
+  } while (release_again_);
   return held;
 }
 

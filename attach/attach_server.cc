@@ -200,16 +200,29 @@ class AttachServer::Session {
 
 void AttachServer::Session::Run() {
   while (true) {
+    // After the pool's deletion was announced (its SessionEnd sent), the
+    // session waits for the engine's acknowledgements while any revocation
+    // is within its deadline (on the pool's clock: looked at every 10 ms),
+    // then ends; pages still unacknowledged are released as it leaves.
+    int timeout_ms = -1;
+    if (outbox_.pool_closed_sent()) {
+      release_on_end_ = true;  // the blocks went with the pool
+      if (pool_->revocations_in_time(&outbox_) == 0) break;
+      timeout_ms = 10;
+    }
     pollfd fds[3] = {{channel_.fd(), POLLIN, 0},
                      {server_->wake_.get(), POLLIN, 0},
                      {outbox_.event_fd(), POLLIN, 0}};
-    if (poll(fds, 3, -1) < 0) {
+    const int ready = poll(fds, 3, timeout_ms);
+    if (ready == 0) continue;
+    if (ready < 0) {
       if (errno == EINTR) continue;
       break;
     }
     if (fds[1].revents & POLLIN) {
       v1::Frame end;
       end.mutable_session_end()->set_message("kvbrokerd is stopping");
+      end.mutable_session_end()->set_reason(v1::DAEMON_STOPPING);
       channel_.Send(end).IgnoreError();
       break;
     }
@@ -491,6 +504,7 @@ absl::StatusOr<int64_t> AttachServer::Session::SubscribeToPages(
       pool_->AddPageListener(&outbox_, [&](absl::Span<const MappedPage> now) {
         pages = outbox_.QueueSnapshot(now, seq_);
       });
+  if (GetReason(s) == FailureReason::kPoolNotFound) return s;  // deleted
   if (!s.ok()) {
     return MakeFailure(
         FailureReason::kMappingFailed,
@@ -507,6 +521,7 @@ bool AttachServer::Session::FlushOutbox() {
     v1::Frame end;
     end.mutable_session_end()->set_message(
         "kvbrokerd could not pass a mapped page (out of file descriptors)");
+    end.mutable_session_end()->set_reason(v1::PAGE_NOT_PASSED);
     channel_.Send(end).IgnoreError();
     return false;
   }
@@ -781,7 +796,8 @@ void AttachServer::FreeAll(const std::string& name, Holder& h) {
     FreeRequest free;
     free.block_ids = ids;
     absl::StatusOr<FreeResult> r = h.pool->Free(free);
-    if (!r.ok()) {
+    // A deleted pool took its blocks with it.
+    if (!r.ok() && GetReason(r.status()) != FailureReason::kPoolNotFound) {
       LogLine("attach: freeing %d blocks of holder %s: %s", ids.size(), name,
               r.status().ToString());
     }

@@ -297,6 +297,45 @@ TEST_F(AttachServerTest, SessionEndFreesTheHoldersBlocks) {
   EXPECT_TRUE(server_->Sessions().empty());
 }
 
+TEST_F(AttachServerTest, DeletingThePoolRevokesItsPagesAndEndsTheSession) {
+  StartServer();
+  const int baseline = *testing::CountOpenFds();
+  std::shared_ptr<PagePool> pool = *broker_->GetPool("kv");
+  auto a = Attached("engine-a", absl::Minutes(1));
+  ASSERT_EQ(a->Alloc(12).value().size(), 12u);  // pages 0 and 1
+  EXPECT_EQ(a->mapped_pages(), 2);
+
+  // Without force the pool holds blocks: refused, nothing changes.
+  EXPECT_EQ(GetReason(broker_->DeletePool("kv", /*force=*/false)),
+            FailureReason::kPoolNotEmpty);
+  EXPECT_TRUE(a->Capacity().ok());
+  EXPECT_EQ(a->mapped_pages(), 2);
+
+  // Forced: the engine is asked to unmap both pages (they stay held until
+  // it has), then told why the session ends.
+  ASSERT_TRUE(broker_->DeletePool("kv", /*force=*/true).ok());
+  EXPECT_EQ(pool->backend_handles(), 4);
+  absl::Status s = a->ProcessEvents();
+  while (s.ok()) {
+    absl::SleepFor(absl::Milliseconds(1));
+    s = a->ProcessEvents();
+  }
+  EXPECT_EQ(GetReason(s), FailureReason::kPoolNotFound) << s;
+  EXPECT_EQ(a->end_reason(), v1::POOL_DELETED);
+  EXPECT_EQ(a->mapped_pages(), 0);
+  // The acknowledgement lets the daemon release the pages; the session
+  // ends and its holder is gone (its blocks went with the pool, whatever
+  // its grace).
+  Eventually([&] { return server_->Sessions().empty(); });
+  Eventually([&] { return pool->backend_handles() == 0; });
+  EXPECT_TRUE(server_->Holders().empty());
+  EXPECT_EQ(GetReason(a->Capacity().status()), FailureReason::kUnspecified);
+  EXPECT_TRUE(a->Close().ok());
+  a.reset();
+  pool.reset();
+  Eventually([&] { return *testing::CountOpenFds() == baseline; });
+}
+
 TEST_F(AttachServerTest, ReattachWithinGraceKeepsTheBlocks) {
   StartServer();
   auto a = Attached("engine-a", absl::Hours(1));

@@ -74,6 +74,14 @@ void Outbox::OnPagesRevoked(uint64_t revocation_id,
   Queue(std::move(f));
 }
 
+void Outbox::OnPoolClosed() {
+  v1::Frame f;
+  f.mutable_session_end()->set_reason(v1::POOL_DELETED);
+  f.mutable_session_end()->set_message(
+      "the pool was deleted; its pages were revoked");
+  Queue(std::move(f));
+}
+
 void Outbox::Queue(v1::Frame frame) {
   absl::MutexLock lock(&mu_);
   queue_.push_back({std::move(frame), {}});
@@ -105,6 +113,9 @@ absl::Status Outbox::Drain(FrameChannel& channel) {
     } else if (next.frame.has_revoke()) {
       absl::MutexLock lock(&mu_);
       pages_revoked_ += next.frame.revoke().page_ids_size();
+    } else if (next.frame.has_session_end()) {
+      absl::MutexLock lock(&mu_);
+      pool_closed_sent_ = true;
     }
   }
 }
@@ -122,6 +133,11 @@ int64_t Outbox::pages_sent() const {
 int64_t Outbox::pages_revoked() const {
   absl::MutexLock lock(&mu_);
   return pages_revoked_;
+}
+
+bool Outbox::pool_closed_sent() const {
+  absl::MutexLock lock(&mu_);
+  return pool_closed_sent_;
 }
 
 }  // namespace kvbroker::attach

@@ -1,6 +1,6 @@
 // Outbox: a session's single queue of the frames the daemon starts
-// (PagesMapped now; Revoke later), and the session's PageListener
-// (allocator/page_listener.h).
+// (PagesMapped, Revoke, and the SessionEnd of a deleted pool), and the
+// session's PageListener (allocator/page_listener.h).
 //
 // Ordering is what makes page delivery correct: a pool announces a page to
 // every listener before any block on it is handed out, and each listener
@@ -59,6 +59,9 @@ class Outbox : public PageListener {
   // A Revoke frame (seq 0) for the pool's revocation.
   void OnPagesRevoked(uint64_t revocation_id, absl::Span<const PageId> pages,
                       absl::Time deadline) override ABSL_LOCKS_EXCLUDED(mu_);
+  // The pool is being deleted: a SessionEnd (seq 0, POOL_DELETED), queued
+  // after the Revoke of every page this session knows.
+  void OnPoolClosed() override ABSL_LOCKS_EXCLUDED(mu_);
   // Any other frame the daemon starts.
   void Queue(v1::Frame frame) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -73,6 +76,8 @@ class Outbox : public PageListener {
   int64_t pages_sent() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages named in Revoke frames sent so far.
   int64_t pages_revoked() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the pool-deleted SessionEnd has been sent.
+  bool pool_closed_sent() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Outgoing {
@@ -93,6 +98,7 @@ class Outbox : public PageListener {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   int64_t pages_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pages_revoked_ ABSL_GUARDED_BY(mu_) = 0;
+  bool pool_closed_sent_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvbroker::attach

@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "allocator/broker.h"
+#include "allocator/failure.h"
 #include "allocator/testing/test_backend.h"
 #include "attach/attach_server.h"
 #include "attach/testing/child_process.h"
@@ -406,6 +407,60 @@ TEST_F(PageDataTest, RevocationRoundTripAndQuarantine) {
   a.reset();
   b.reset();
   Eventually([&] { return server_->Sessions().empty(); });
+  for (int i = 0; i < 20000 && *CountOpenFds() != baseline; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(*CountOpenFds(), baseline);
+}
+
+TEST_F(PageDataTest, ForcedDeleteRevokesEveryPageThenEndsTheSessions) {
+  const int baseline = *CountOpenFds();
+  auto a = Engine("engine-a");
+  ASSERT_TRUE(absl::StartsWith(a->ReadUntil("attached"), "attached"));
+  auto b = Engine("engine-b", 600000);
+  ASSERT_TRUE(absl::StartsWith(b->ReadUntil("attached"), "attached"));
+  const std::vector<int64_t> a_ids = Ids(Ask(*a, "alloc 12"));  // pages 0, 1
+  ASSERT_EQ(a_ids.size(), 12u);
+  EXPECT_EQ(Ask(*a, "write 55 " + absl::StrJoin(a_ids, " ")), "wrote 12 bad 0");
+  EXPECT_EQ(Ask(*b, "sync"), "synced pages=2");
+  const int64_t handles = 2 * devices_;
+
+  // Without force: refused while blocks are allocated; nothing changes.
+  EXPECT_EQ(GetReason(broker_->DeletePool("kv", /*force=*/false)),
+            FailureReason::kPoolNotEmpty);
+  EXPECT_EQ(Ask(*a, "check 55 " + absl::StrJoin(a_ids, " ")),
+            "checked 12 bad 0");
+
+  // Forced: both engines are asked to let go of both pages; the daemon
+  // unmaps nothing they still map.
+  ASSERT_TRUE(broker_->DeletePool("kv", /*force=*/true).ok());
+  EXPECT_EQ(pool_->backend_handles(), handles);
+  // A handles the Revoke, acknowledges, then reads the SessionEnd: the
+  // daemon's typed reason.
+  EXPECT_TRUE(absl::StartsWith(Ask(*a, "sync"), "error POOL_NOT_FOUND "));
+  EXPECT_EQ(Ask(*a, "pages"), "pages 0 end_reason POOL_DELETED");
+  Eventually([&] { return server_->Sessions().size() == 1; });
+  // B, idle, still maps them: held, past the deadline quarantined.
+  EXPECT_EQ(pool_->backend_handles(), handles);
+  EXPECT_EQ(server_->Sessions()[0].pending_revocations, 1);
+  clock_.Advance(absl::Seconds(11));
+  // Then B's session ends without it (its holder too, despite the grace),
+  // and the pages go.
+  Eventually([&] { return server_->Sessions().empty(); });
+  EXPECT_EQ(pool_->backend_handles(), 0);
+  EXPECT_TRUE(server_->Holders().empty());
+  // B finds the Revoke and the SessionEnd waiting.
+  const std::string b_sync = Ask(*b, "sync");
+  EXPECT_TRUE(absl::StartsWith(b_sync, "error POOL_NOT_FOUND ")) << b_sync;
+  EXPECT_EQ(Ask(*b, "pages"), "pages 0 end_reason POOL_DELETED");
+
+  EXPECT_TRUE(a->WriteLine("end release"));
+  EXPECT_TRUE(b->WriteLine("end release"));
+  EXPECT_EQ(a->Wait(), 0);
+  EXPECT_EQ(b->Wait(), 0);
+  a.reset();
+  b.reset();
+  pool_.reset();
   for (int i = 0; i < 20000 && *CountOpenFds() != baseline; ++i) {
     absl::SleepFor(absl::Milliseconds(1));
   }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
+#include "common/error_keys.h"
 
 namespace kvbroker::engine {
 
@@ -65,7 +66,10 @@ absl::StatusOr<av1::Frame> Session::Call(av1::Frame request) {
   if (closed_) return absl::FailedPreconditionError("session is closed");
   const uint64_t seq = next_seq_++;
   request.set_seq(seq);
-  if (absl::Status s = channel_.Send(request); !s.ok()) return s;
+  if (absl::Status s = channel_.Send(request); !s.ok()) {
+    absl::Status why = ReadAfterHangup();
+    return why.ok() ? s : why;
+  }
   while (true) {
     absl::StatusOr<ReceivedFrame> got = channel_.Receive();
     if (!got.ok()) {
@@ -93,10 +97,21 @@ absl::Status Session::HandleEvent(ReceivedFrame received) {
     case av1::Frame::kPagesMapped:
       return MapPages(f.pages_mapped(), std::move(received.fds));
     case av1::Frame::kRevoke: return Revoke(f.revoke());
-    case av1::Frame::kSessionEnd:
+    case av1::Frame::kSessionEnd: {
       closed_ = true;
-      return absl::CancelledError(absl::StrCat("the daemon ended the session: ",
-                                               f.session_end().message()));
+      end_reason_ = f.session_end().reason();
+      const std::string why = absl::StrCat("the daemon ended the session (",
+                                           av1::SessionEndReason_Name(
+                                               f.session_end().reason()),
+                                           "): ", f.session_end().message());
+      // The pool is gone: the daemon's typed reason, as any call on it
+      // would get now.
+      if (end_reason_ == av1::POOL_DELETED) {
+        return MakeFailure(FailureReason::kPoolNotFound, why,
+                           {{std::string(error_key::kPool), layout_.pool()}});
+      }
+      return absl::CancelledError(why);
+    }
     case av1::Frame::kError:
       // An answer to a frame of ours the daemon could not read at all; the
       // call that sent it gets its own reply.
@@ -105,6 +120,19 @@ absl::Status Session::HandleEvent(ReceivedFrame received) {
       return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
                              absl::StrCat("unexpected message ", f.body_case(),
                                           " with seq ", f.seq()));
+  }
+}
+
+absl::Status Session::ReadAfterHangup() {
+  while (true) {
+    pollfd p = {channel_.fd(), POLLIN, 0};
+    if (poll(&p, 1, 0) != 1) return absl::OkStatus();
+    absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    if (!got.ok()) return absl::OkStatus();
+    // A Revoke is carried out (its acknowledgement cannot be sent); the
+    // SessionEnd, read here or by a Revoke's own failed send, ends it.
+    absl::Status s = HandleEvent(*std::move(got));
+    if (closed_) return s;
   }
 }
 
@@ -169,7 +197,10 @@ absl::Status Session::Revoke(const av1::Revoke& revoke) {
     on_revoke_(absl::MakeConstSpan(revoke.page_ids().data(),
                                    revoke.page_ids().size()));
   }
-  return channel_.Send(ack);
+  absl::Status sent = channel_.Send(ack);
+  if (sent.ok()) return sent;
+  absl::Status why = ReadAfterHangup();
+  return why.ok() ? sent : why;
 }
 
 absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
@@ -255,6 +286,11 @@ bool Session::page_mapped(int64_t page_id) const {
   SessionLock lock(&mu_);
   return page_id >= 0 && page_id < static_cast<int64_t>(mapped_.size()) &&
          mapped_[page_id];
+}
+
+attach::v1::SessionEndReason Session::end_reason() const {
+  SessionLock lock(&mu_);
+  return end_reason_;
 }
 
 int64_t Session::mapped_pages() const {

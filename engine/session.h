@@ -116,6 +116,9 @@ class Session {
   absl::StatusOr<uint64_t> BlockAddress(int device_index, int64_t block,
                                         int64_t layer, int64_t buffer) const;
   bool page_mapped(int64_t page_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Why the daemon ended the session; SESSION_END_REASON_UNSPECIFIED while
+  // it has not (or the engine ended it).
+  attach::v1::SessionEndReason end_reason() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t mapped_pages() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Pool operations on the attached pool, with kvbroker.v1's semantics. The
@@ -144,7 +147,9 @@ class Session {
   int event_fd() const { return channel_.fd(); }
   // Handles every message waiting on the socket without blocking: maps new
   // pages, carries out revocations. CANCELLED once the daemon ended the
-  // session.
+  // session; when it ended it because the pool was deleted, the call that
+  // read the SessionEnd gets POOL_NOT_FOUND (GetReason), after the
+  // revocations sent before it were carried out and acknowledged.
   absl::Status ProcessEvents() ABSL_LOCKS_EXCLUDED(mu_);
   // Called with the page ids of each revocation after they were unmapped.
   void SetRevocationCallback(std::function<void(absl::Span<const int64_t>)> cb)
@@ -169,6 +174,10 @@ class Session {
   // daemon-initiated messages on the way.
   absl::StatusOr<attach::v1::Frame> Call(attach::v1::Frame request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a failed send (the daemon closed the connection): handles what
+  // the daemon sent before it closed, without blocking; returns the status
+  // of its SessionEnd (OK when none came).
+  absl::Status ReadAfterHangup() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Handles a message the daemon started (seq 0).
   absl::Status HandleEvent(attach::ReceivedFrame received)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -191,6 +200,8 @@ class Session {
   mutable SessionMutex mu_;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  attach::v1::SessionEndReason end_reason_ ABSL_GUARDED_BY(mu_) =
+      attach::v1::SESSION_END_REASON_UNSPECIFIED;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   // One per session device, in layout_.devices order.
   std::vector<std::unique_ptr<DeviceMapper>> mappers_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,8 @@
 //   capacity       -> "capacity AVAILABLE ALLOCATED"
 //   sync           -> "synced pages=<mapped>" after a round trip, so every
 //                     page the daemon announced before it has been mapped
+//   pages          -> "pages <mapped> end_reason <SessionEndReason>" with no
+//                     round trip
 //   write SEED ID...  -> "wrote N bad M": the pattern (testing/pattern.h) of
 //                     SEED into every device, layer and buffer of each block
 //                     (M counts the words of blocks on pages not mapped here
@@ -146,6 +148,11 @@ int Run() {
       } else {
         PrintError(r.status());
       }
+    } else if (words[0] == "pages") {
+      std::printf("pages %ld end_reason %s\n",
+                  static_cast<long>((*session)->mapped_pages()),
+                  attach::v1::SessionEndReason_Name((*session)->end_reason())
+                      .c_str());
     } else if (words[0] == "sync") {
       auto r = (*session)->Capacity();
       if (r.ok()) {
