@@ -4,6 +4,7 @@ first."""
 
 import ctypes
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -40,6 +41,7 @@ def daemon():
     sock = os.path.join(d, "attach.sock")
     proc = subprocess.Popen(
         [os.environ["KVBROKERD"], "--backend=host", "--listen=127.0.0.1:0",
+         "--unix_socket=" + os.path.join(d, "grpc.sock"),
          "--attach_socket=" + sock,
          "--pools=" + os.path.join(d, "pools.textproto"),
          "--auth_tokens=" + os.path.join(d, "tokens.textproto"),
@@ -150,6 +152,40 @@ def test_session_end_and_reattach(daemon):
             if round == 0:
                 s.alloc(1)
             s.close(release=False)
+
+
+def ctl(daemon, *args):
+    """kvbrokerctl against the daemon's gRPC Unix socket, as the engine."""
+    grpc = os.path.join(os.path.dirname(daemon), "grpc.sock")
+    return subprocess.run(
+        [os.environ["KVBROKERCTL"], "--server=unix:" + grpc,
+         "--token=" + TOKEN] + list(args),
+        capture_output=True, text=True, env=CHILD_ENV)
+
+
+def test_deleted_pool_revokes_pages_and_ends_the_session(daemon):
+    revoked = []
+    with engine.Session(daemon, holder="py-deleted", token=TOKEN) as s:
+        s.attach("kv")
+        s.on_revoke(revoked.extend)
+        s.alloc(12)
+        assert s.mapped_pages == 2
+        # Without --force: refused, the session untouched.
+        out = ctl(daemon, "delete-pool", "kv")
+        assert out.returncode != 0 and "POOL_NOT_EMPTY" in out.stderr, out
+        assert s.capacity()["allocated_blocks"] == 12
+        out = ctl(daemon, "delete-pool", "kv", "--force")
+        assert out.returncode == 0, out.stderr
+        # The revocation comes first (the pages are unmapped and
+        # acknowledged), then the typed end of the session.
+        with pytest.raises(engine.EngineError) as e:
+            while True:
+                select.select([s], [], [])
+                s.process_events()
+        assert e.value.reason_name == "POOL_NOT_FOUND"
+        assert "POOL_DELETED" in e.value.message
+        assert sorted(revoked) == [0, 1]
+        assert s.mapped_pages == 0
 
 
 def test_tokens_are_scoped(daemon):

@@ -326,6 +326,10 @@ class Session:
         return self._lib.kvb_event_fd(self._handle)
 
     def process_events(self):
+        """Maps new pages and carries out revocations sent by the daemon.
+        Raises EngineError once the daemon ended the session: reason_name
+        POOL_NOT_FOUND when the pool was deleted (its pages were revoked
+        first), code CANCELLED for other ends."""
         err = _Error()
         _check(self._lib.kvb_process_events(self._handle, ctypes.byref(err)),
                err)
