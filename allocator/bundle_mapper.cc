@@ -109,6 +109,11 @@ BundleMapper::MapOutcome BundleMapper::Map(PageId p) {
     slot.step = Step::kMapped;
     error = backend_->SetAccess(dev, va, size);
   }
+  // A pool that exports at map time pays for its exports here, inside the
+  // mapping's cost; the fds stay until the handles are released (Undo).
+  for (int i = 0; i < n && error.ok() && g.config().export_at_map; ++i) {
+    error = Export(p, i).status();
+  }
   MapOutcome out;
   if (error.ok()) {
     out.took = absl::Now() - start;

@@ -8,9 +8,11 @@
 // and a later Unmap or ReleaseHeld retries exactly the steps still owed. It
 // touches no other pool state (docs/design.md, "The mapping transaction").
 // For engines (SPEC section 10) it also keeps, per page and device, the fd
-// its handle was exported as: exported at most once, at the first Export,
-// and closed when the handle's page is unmapped or unwound, or the mapper is
-// destroyed, whatever the path. It reports every allocation it creates or
+// its handle was exported as: exported at most once, at the first Export
+// (or, for a pool with PoolConfig::export_at_map, as the last step of Map,
+// whose failure unwinds the page like any other step), and closed when the
+// handle's page is unmapped or unwound, or the mapper is destroyed, whatever
+// the path. It reports every allocation it creates or
 // releases to the device budgets, which tell the broker's own memory from
 // other processes' by it (device_budget.h).
 //
@@ -71,8 +73,9 @@ class BundleMapper {
     return ranges_[device_index].base;
   }
 
-  // Create -> map -> set access of page p on every device of the pool. On
-  // failure the steps already done are undone in reverse (see MapOutcome).
+  // Create -> map -> set access of page p on every device of the pool, then
+  // (export_at_map) export of each handle. On failure the steps already done
+  // are undone in reverse (see MapOutcome); `took` includes the exports.
   // REQUIRES: !holds(p).
   MapOutcome Map(PageId p);
   // Unmap -> release of whatever page p still holds on each device, last

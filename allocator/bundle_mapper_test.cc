@@ -3,6 +3,8 @@
 
 #include "allocator/bundle_mapper.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -10,13 +12,16 @@
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/geometry.h"
 #include "allocator/host_backend.h"
+#include "attach/testing/fd_count.h"
 #include "gtest/gtest.h"
 
 namespace kvbroker {
 namespace {
 
-Geometry MakeGeometry(std::vector<int> devices, int64_t pages) {
+Geometry MakeGeometry(std::vector<int> devices, int64_t pages,
+                      bool export_at_map = false) {
   PoolConfig c;
+  c.export_at_map = export_at_map;
   c.name = "m";
   c.page_size = MiB(2);
   c.block_bytes = MiB(2);
@@ -120,6 +125,87 @@ TEST(BundleMapperTest, HandlesOfFailedStepsAreKeptAndRetried) {
   EXPECT_EQ(rig.host.live_handles(), 0);
   EXPECT_FALSE(mapper.holds(1));
   EXPECT_FALSE(mapper.holds(2));
+  mapper.FreeRanges();
+}
+
+int OpenFds() { return testing::CountOpenFds().value_or(-1); }
+
+TEST(BundleMapperTest, ExportAtMapExportsEachHandleOnceAndKeepsItsFd) {
+  Rig rig;
+  const int before = OpenFds();
+  // Each live host handle is a memfd of the backend's; the rest are the
+  // mapper's exported fds.
+  auto exported_open = [&] {
+    return OpenFds() - before - static_cast<int>(rig.host.live_handles());
+  };
+  {
+    const Geometry g = MakeGeometry({0, 1}, 4, /*export_at_map=*/true);
+    BundleMapper mapper(&g, &rig.backend);
+    int failed = -1;
+    ASSERT_TRUE(mapper.ReserveRanges(&failed).ok());
+    ASSERT_TRUE(mapper.Map(2).status.ok());
+    EXPECT_EQ(rig.backend.calls(BackendOp::kExportHandle), 2);
+    EXPECT_EQ(mapper.exported_fds(), 2);
+    EXPECT_EQ(exported_open(), 2);
+    // Later Exports lend the same fds; nothing is exported again.
+    absl::StatusOr<int> fd0 = mapper.Export(2, 0);
+    absl::StatusOr<int> fd1 = mapper.Export(2, 1);
+    ASSERT_TRUE(fd0.ok() && fd1.ok());
+    EXPECT_NE(*fd0, *fd1);
+    EXPECT_EQ(*mapper.Export(2, 0), *fd0);
+    EXPECT_EQ(rig.backend.calls(BackendOp::kExportHandle), 2);
+    // The fd is the page's memory.
+    char* at = reinterpret_cast<char*>(mapper.range_base(1) +
+                                       g.page_offset(2).value());
+    at[7] = 'x';
+    char c = 0;
+    ASSERT_EQ(pread(*fd1, &c, 1, 7), 1);
+    EXPECT_EQ(c, 'x');
+    // Unmapping releases the handles and closes their fds.
+    absl::Duration took;
+    ASSERT_TRUE(mapper.Unmap(2, &took).ok());
+    EXPECT_EQ(mapper.exported_fds(), 0);
+    EXPECT_EQ(exported_open(), 0);
+
+    // A failed export unwinds the page like any other step, fds included.
+    ASSERT_TRUE(mapper.Map(1).status.ok());
+    rig.backend.AddFault(
+        FaultRule{BackendOp::kExportHandle, FaultKind::kError, 1, 1});
+    BundleMapper::MapOutcome m = mapper.Map(3);
+    EXPECT_EQ(m.status.code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(m.unwound);
+    EXPECT_FALSE(mapper.holds(3));
+    EXPECT_EQ(mapper.exported_fds(), 2);  // page 1's
+    EXPECT_EQ(exported_open(), 2);
+    // ReleaseHeld closes the fds of what it releases; a kept page keeps
+    // its fds until the mapper is destroyed.
+    EXPECT_EQ(mapper.ReleaseHeld(), 0);
+    EXPECT_EQ(exported_open(), 0);
+    ASSERT_TRUE(mapper.Map(0).status.ok());
+    EXPECT_EQ(mapper.ReleaseHeld({true}), 0);
+    EXPECT_EQ(mapper.exported_fds(), 2);
+    EXPECT_EQ(exported_open(), 2);
+  }
+  // The mapper is gone: page 0's handles are still the backend's, their
+  // exported fds are closed.
+  EXPECT_EQ(rig.host.live_handles(), 2);
+  EXPECT_EQ(exported_open(), 0);
+}
+
+TEST(BundleMapperTest, WithoutExportAtMapNothingIsExportedUntilAsked) {
+  Rig rig;
+  const Geometry g = MakeGeometry({0}, 2);
+  BundleMapper mapper(&g, &rig.backend);
+  int failed = -1;
+  ASSERT_TRUE(mapper.ReserveRanges(&failed).ok());
+  ASSERT_TRUE(mapper.Map(0).status.ok());
+  EXPECT_EQ(rig.backend.calls(BackendOp::kExportHandle), 0);
+  EXPECT_EQ(mapper.exported_fds(), 0);
+  ASSERT_TRUE(mapper.Export(0, 0).ok());
+  ASSERT_TRUE(mapper.Export(0, 0).ok());
+  EXPECT_EQ(rig.backend.calls(BackendOp::kExportHandle), 1);
+  EXPECT_EQ(mapper.ReleaseHeld(), 0);
+  EXPECT_EQ(mapper.exported_fds(), 0);
   mapper.FreeRanges();
 }
 

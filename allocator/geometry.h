@@ -43,6 +43,9 @@ struct PoolConfig {
   // Per-pool prealloc bounds; negative means "the broker's default".
   int64_t min_idle_pages = -1;
   int64_t max_idle_pages = -1;
+  // Export each page's handles when it is mapped (BundleMapper::Map), not
+  // lazily at an engine's first attach.
+  bool export_at_map = false;
 };
 
 // A half-open range of block ids [begin, end); empty when begin >= end.

@@ -19,7 +19,8 @@
 //     unmap. Pages no listener knows are returned at once.
 // Handles are exported lazily: the first time a page is announced while a
 // listener exists, or named in a snapshot. A pool nobody listens to never
-// exports.
+// exports, unless it exports at map time (PoolConfig::export_at_map): then
+// the mapping exported every handle and announcing only lends its fds.
 //
 // Locking: one mutex, taken without the pool's lock held (the pool calls
 // Announce and Withdraw from its unlocked mapping steps). Listeners are

@@ -91,6 +91,9 @@ ABSL_FLAG(int64_t, min_idle_pages, -1,
 ABSL_FLAG(int64_t, max_idle_pages, -1,
           "create-pool: IDLE pages kept after frees (-1: the daemon's "
           "default).");
+ABSL_FLAG(bool, export_at_map, false,
+          "create-pool: export each page's handles to fds when the page is "
+          "mapped, so engines attach without waiting for exports.");
 ABSL_FLAG(bool, force, false,
           "delete-pool: delete even with allocated or reserved blocks.");
 ABSL_FLAG(std::string, pages, "",
@@ -334,6 +337,7 @@ int CmdCreatePool(Context& ctx) {
   if (absl::GetFlag(FLAGS_max_idle_pages) >= 0) {
     spec.set_max_idle_pages(absl::GetFlag(FLAGS_max_idle_pages));
   }
+  spec.set_export_at_map(absl::GetFlag(FLAGS_export_at_map));
   absl::StatusOr<v1::PoolInfo> info = ctx.client->CreatePool(spec);
   if (!info.ok()) return Fail(info.status(), ctx.json);
   if (ctx.json) {
@@ -649,7 +653,7 @@ const std::vector<Command>& Commands() {
        1,
        {"page_size", "block_bytes", "max_blocks", "tokens_per_block", "layers",
         "kv_buffers", "devices", "reserve_null_block", "min_idle_pages",
-        "max_idle_pages"},
+        "max_idle_pages", "export_at_map"},
        CmdCreatePool},
       {"delete-pool", "NAME", "delete a pool", 1, 1, {"force"}, CmdDeletePool},
       {"capacity",

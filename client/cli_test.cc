@@ -321,6 +321,27 @@ TEST_F(CliTest, JsonRepliesParseBackIntoTheMessages) {
   EXPECT_EQ(r.out, "{}\n");
 }
 
+TEST_F(CliTest, CreatePoolExportAtMap) {
+  Result r = Ctl({"--json", "create-pool", "eager", "--page_size=2MiB",
+                  "--block_bytes=1MiB", "--max_blocks=4", "--export_at_map"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(FromJson<v1::PoolInfo>(r.out).spec().export_at_map()) << r.out;
+  r = Ctl({"--json", "create-pool", "lazy", "--page_size=2MiB",
+           "--block_bytes=1MiB", "--max_blocks=4"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(FromJson<v1::PoolInfo>(r.out).spec().export_at_map()) << r.out;
+  // The eager pool maps (and exports) as usual.
+  r = Ctl({"alloc", "eager", "3"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  // A bad value, or the flag on another command: usage, nothing created.
+  EXPECT_EQ(Ctl({"create-pool", "bad", "--page_size=2MiB", "--block_bytes=1MiB",
+                 "--max_blocks=4", "--export_at_map=maybe"})
+                .rc,
+            2);
+  EXPECT_EQ(Ctl({"alloc", "lazy", "1", "--export_at_map"}).rc, 2);
+  EXPECT_EQ(Ctl({"capacity", "bad"}).rc, 3) << "NOT_FOUND";
+}
+
 TEST_F(CliTest, ExitCodesByFailureClass) {
   ASSERT_EQ(Ctl({"create-pool", "e", "--page_size=14MiB", "--block_bytes=6MiB",
                  "--max_blocks=5"})

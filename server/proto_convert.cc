@@ -20,6 +20,7 @@ PoolConfig FromProto(const v1::PoolSpec& spec) {
   c.reserve_null_block = spec.reserve_null_block();
   c.min_idle_pages = spec.has_min_idle_pages() ? spec.min_idle_pages() : -1;
   c.max_idle_pages = spec.has_max_idle_pages() ? spec.max_idle_pages() : -1;
+  c.export_at_map = spec.export_at_map();
   return c;
 }
 
@@ -36,6 +37,7 @@ v1::PoolSpec ToProto(const PoolConfig& c) {
   spec.set_reserve_null_block(c.reserve_null_block);
   if (c.min_idle_pages >= 0) spec.set_min_idle_pages(c.min_idle_pages);
   if (c.max_idle_pages >= 0) spec.set_max_idle_pages(c.max_idle_pages);
+  spec.set_export_at_map(c.export_at_map);
   return spec;
 }
 

@@ -646,6 +646,9 @@ TEST(KvbrokerdProcess, SigtermDrainsAndExitsZero) {
   ASSERT_REPLY_OK(r);
   EXPECT_EQ(Ids(r->pages()), (std::vector<int64_t>{0, 1, 3}));
   EXPECT_EQ(tcp->GetPool("llama3-8b")->pool().bundle_bytes(), 128 * kMiB);
+  // The pools file's export_at_map reaches the pool; unset, it is off.
+  EXPECT_TRUE(tcp->GetPool("llama3-8b")->pool().spec().export_at_map());
+  EXPECT_FALSE(tcp->GetPool("demo")->pool().spec().export_at_map());
 
   // "...; metrics on http://127.0.0.1:PORT/metrics": the same state there.
   const size_t m = line.find("metrics on http://127.0.0.1:");
