@@ -5,9 +5,11 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/mapper.h"
 
 #ifdef KVB_HAVE_CUDA_H
@@ -118,40 +120,55 @@ class CudaMapper final : public DeviceMapper {
     return static_cast<int64_t>(bundles_.size());
   }
 
-  absl::Status Map(int64_t offset, int64_t bytes, UniqueFd fd) override {
-    if (offset < 0 || bytes <= 0 || offset > size_ - bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bundle [", offset, ", +", bytes, ") outside the range of ", size_));
+  absl::Status MapMany(int64_t bytes, absl::Span<BundleFd> bundles) override {
+    if (absl::Status s = CheckBatch(
+            bytes, bundles,
+            [this](int64_t offset) { return bundles_.contains(offset); });
+        !s.ok()) {
+      return s;
     }
-    if (bundles_.contains(offset)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("a bundle is already mapped at offset ", offset));
-    }
+    if (bundles.empty()) return absl::OkStatus();
     CUresult r = d_.cuCtxSetCurrent(context_);
     if (r != CUDA_SUCCESS) return d_.Error(r, "cuCtxSetCurrent");
-    CUmemGenericAllocationHandle handle = 0;
-    r = d_.cuMemImportFromShareableHandle(
-        &handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd.get())),
-        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    fd.Reset();  // the imported handle keeps the memory alive
-    if (r != CUDA_SUCCESS) return d_.Error(r, "cuMemImportFromShareableHandle");
-    const CUdeviceptr at = base_ + offset;
-    r = d_.cuMemMap(at, bytes, 0, handle, 0);
-    if (r != CUDA_SUCCESS) {
-      d_.cuMemRelease(handle);
-      return d_.Error(r, "cuMemMap");
+    // Handles imported and mapped by this call, in offset order.
+    std::vector<CUmemGenericAllocationHandle> handles;
+    handles.reserve(bundles.size());
+    auto unwind = [&] {
+      for (size_t i = 0; i < handles.size(); ++i) {
+        d_.cuMemUnmap(base_ + bundles[i].offset, bytes);
+        d_.cuMemRelease(handles[i]);
+      }
+    };
+    for (BundleFd& b : bundles) {
+      CUmemGenericAllocationHandle handle = 0;
+      absl::Time t0 = absl::Now();
+      r = d_.cuMemImportFromShareableHandle(
+          &handle, reinterpret_cast<void*>(static_cast<intptr_t>(b.fd.get())),
+          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      stats_.import += absl::Now() - t0;
+      b.fd.Reset();  // the imported handle keeps the memory alive
+      if (r != CUDA_SUCCESS) {
+        unwind();
+        return d_.Error(r, "cuMemImportFromShareableHandle");
+      }
+      t0 = absl::Now();
+      r = d_.cuMemMap(base_ + b.offset, bytes, 0, handle, 0);
+      stats_.map += absl::Now() - t0;
+      if (r != CUDA_SUCCESS) {
+        d_.cuMemRelease(handle);
+        unwind();
+        return d_.Error(r, "cuMemMap");
+      }
+      handles.push_back(handle);
     }
-    CUmemAccessDesc access = {};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device_;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = d_.cuMemSetAccess(at, bytes, &access, 1);
-    if (r != CUDA_SUCCESS) {
-      d_.cuMemUnmap(at, bytes);
-      d_.cuMemRelease(handle);
-      return d_.Error(r, "cuMemSetAccess");
+    if (absl::Status s = EnableRuns(bytes, bundles); !s.ok()) {
+      unwind();
+      return s;
     }
-    bundles_[offset] = {handle, static_cast<size_t>(bytes)};
+    for (size_t i = 0; i < bundles.size(); ++i) {
+      bundles_[bundles[i].offset] = {handles[i], static_cast<size_t>(bytes)};
+    }
+    stats_.bundles += static_cast<int64_t>(bundles.size());
     return absl::OkStatus();
   }
 
@@ -172,6 +189,36 @@ class CudaMapper final : public DeviceMapper {
   }
 
  private:
+  // One cuMemSetAccess per run of back-to-back bundles (the range is fully
+  // mapped: the driver accepts a range over several mappings); per bundle
+  // of the run when that call fails.
+  absl::Status EnableRuns(int64_t bytes, absl::Span<const BundleFd> bundles) {
+    std::vector<int64_t> offsets;
+    offsets.reserve(bundles.size());
+    for (const BundleFd& b : bundles) offsets.push_back(b.offset);
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const absl::Time t0 = absl::Now();
+    absl::Status error;
+    for (auto [begin, end] : AdjacentRuns(offsets, bytes)) {
+      ++stats_.access_calls;
+      if (d_.cuMemSetAccess(base_ + offsets[begin], (end - begin) * bytes,
+                            &access, 1) == CUDA_SUCCESS) {
+        continue;
+      }
+      for (size_t i = begin; i < end && error.ok(); ++i) {
+        ++stats_.access_calls;
+        CUresult r = d_.cuMemSetAccess(base_ + offsets[i], bytes, &access, 1);
+        if (r != CUDA_SUCCESS) error = d_.Error(r, "cuMemSetAccess");
+      }
+      if (!error.ok()) break;
+    }
+    stats_.access += absl::Now() - t0;
+    return error;
+  }
+
   struct Bundle {
     CUmemGenericAllocationHandle handle = 0;
     size_t bytes = 0;

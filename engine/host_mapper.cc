@@ -1,4 +1,5 @@
-// The host DeviceMapper: memfd bundles mmap()ed into a reserved range.
+// The host DeviceMapper: memfd bundles mmap()ed into a reserved range, and
+// what every mapper shares (Map, AdjacentRuns, CreateMapper).
 
 #include <errno.h>
 #include <string.h>
@@ -6,9 +7,29 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/mapper.h"
 
 namespace kvbroker::engine {
+
+std::vector<std::pair<size_t, size_t>> AdjacentRuns(
+    absl::Span<const int64_t> sorted_offsets, int64_t bytes) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i = 0; i < sorted_offsets.size(); ++i) {
+    if (!runs.empty() && sorted_offsets[i - 1] + bytes == sorted_offsets[i]) {
+      runs.back().second = i + 1;
+    } else {
+      runs.push_back({i, i + 1});
+    }
+  }
+  return runs;
+}
+
+absl::Status DeviceMapper::Map(int64_t offset, int64_t bytes, UniqueFd fd) {
+  BundleFd one{offset, std::move(fd)};
+  return MapMany(bytes, absl::MakeSpan(&one, 1));
+}
+
 namespace {
 
 absl::Status Errno(absl::string_view what, int err) {
@@ -26,19 +47,35 @@ class HostMapper final : public DeviceMapper {
     return static_cast<int64_t>(bundles_.size());
   }
 
-  absl::Status Map(int64_t offset, int64_t bytes, UniqueFd fd) override {
-    if (offset < 0 || bytes <= 0 || offset > size_ - bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bundle [", offset, ", +", bytes, ") outside the range of ", size_));
+  absl::Status MapMany(int64_t bytes, absl::Span<BundleFd> bundles) override {
+    if (absl::Status s = CheckBatch(
+            bytes, bundles,
+            [this](int64_t offset) { return bundles_.contains(offset); });
+        !s.ok()) {
+      return s;
     }
-    if (bundles_.contains(offset)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("a bundle is already mapped at offset ", offset));
+    // Mapped without access first; each run is then enabled in one call.
+    size_t done = 0;
+    absl::Status error;
+    absl::Time t0 = absl::Now();
+    for (; done < bundles.size(); ++done) {
+      BundleFd& b = bundles[done];
+      void* p = mmap(base_ + b.offset, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                     b.fd.get(), 0);
+      b.fd.Reset();
+      if (p == MAP_FAILED) {
+        error = Errno("mmap bundle", errno);
+        break;
+      }
     }
-    void* p = mmap(base_ + offset, bytes, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_FIXED, fd.get(), 0);
-    if (p == MAP_FAILED) return Errno("mmap bundle", errno);
-    bundles_[offset] = bytes;
+    stats_.map += absl::Now() - t0;
+    if (error.ok()) error = EnableRuns(bytes, bundles);
+    if (!error.ok()) {
+      for (size_t i = 0; i < done; ++i) Placeholder(bundles[i].offset, bytes);
+      return error;
+    }
+    for (const BundleFd& b : bundles) bundles_[b.offset] = bytes;
+    stats_.bundles += static_cast<int64_t>(bundles.size());
     return absl::OkStatus();
   }
 
@@ -48,15 +85,47 @@ class HostMapper final : public DeviceMapper {
       return absl::NotFoundError(
           absl::StrCat("no bundle mapped at offset ", offset));
     }
-    void* p =
-        mmap(base_ + offset, it->second, PROT_NONE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    if (p == MAP_FAILED) return Errno("unmap bundle", errno);
+    if (absl::Status s = Placeholder(offset, it->second); !s.ok()) return s;
     bundles_.erase(it);
     return absl::OkStatus();
   }
 
  private:
+  // mprotect per run of adjacent bundles, per bundle when that fails.
+  absl::Status EnableRuns(int64_t bytes, absl::Span<const BundleFd> bundles) {
+    std::vector<int64_t> offsets;
+    offsets.reserve(bundles.size());
+    for (const BundleFd& b : bundles) offsets.push_back(b.offset);
+    const absl::Time t0 = absl::Now();
+    absl::Status error;
+    for (auto [begin, end] : AdjacentRuns(offsets, bytes)) {
+      ++stats_.access_calls;
+      if (mprotect(base_ + offsets[begin], (end - begin) * bytes,
+                   PROT_READ | PROT_WRITE) == 0) {
+        continue;
+      }
+      for (size_t i = begin; i < end && error.ok(); ++i) {
+        ++stats_.access_calls;
+        if (mprotect(base_ + offsets[i], bytes, PROT_READ | PROT_WRITE) != 0) {
+          error = Errno("mprotect bundle", errno);
+        }
+      }
+      if (!error.ok()) break;
+    }
+    stats_.access += absl::Now() - t0;
+    return error;
+  }
+
+  // Puts an inaccessible placeholder over [offset, +bytes), keeping the
+  // range reserved.
+  absl::Status Placeholder(int64_t offset, int64_t bytes) {
+    void* p =
+        mmap(base_ + offset, bytes, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) return Errno("unmap bundle", errno);
+    return absl::OkStatus();
+  }
+
   char* const base_;
   const int64_t size_;
   // Mapped bundles: offset -> bytes.

@@ -157,23 +157,46 @@ absl::Status Session::MapPages(const av1::PagesMapped& pages,
                      devices, " devices came with ", fds.size(), " fds"));
   }
   const int64_t bundle = layout_.bundle_bytes();
-  for (int i = 0; i < pages.page_ids_size(); ++i) {
-    const int64_t p = pages.page_ids(i);
+  const int count = pages.page_ids_size();
+  for (int64_t p : pages.page_ids()) {
     if (p < 0 || p >= layout_.page_count()) {
       return absl::InternalError(absl::StrCat("daemon sent page ", p));
     }
-    for (size_t j = 0; j < devices; ++j) {
-      // A page the daemon remapped without our seeing its revocation (it
-      // was unmapped while we were detached from events): replace it.
-      if (mapped_[p]) mappers_[j]->Unmap(p * bundle).IgnoreError();
-      if (absl::Status s = mappers_[j]->Map(p * bundle, bundle,
-                                            std::move(fds[i * devices + j]));
-          !s.ok()) {
-        return s;
+    // A page the daemon remapped without our seeing its revocation (it was
+    // unmapped while we were detached from events): replace it.
+    if (mapped_[p]) {
+      for (auto& m : mappers_) m->Unmap(p * bundle).IgnoreError();
+      mapped_[p] = false;
+      --mapped_count_;
+    }
+  }
+  // One batch per device (mapper.h: MapMany), or bundle by bundle.
+  for (size_t j = 0; j < devices; ++j) {
+    std::vector<BundleFd> batch(count);
+    for (int i = 0; i < count; ++i) {
+      batch[i] = {pages.page_ids(i) * bundle, std::move(fds[i * devices + j])};
+    }
+    absl::Status s;
+    if (batch_map_) {
+      s = mappers_[j]->MapMany(bundle, absl::MakeSpan(batch));
+    } else {
+      for (int i = 0; i < count && s.ok(); ++i) {
+        s = mappers_[j]->Map(batch[i].offset, bundle, std::move(batch[i].fd));
       }
     }
-    if (!mapped_[p]) ++mapped_count_;
+    if (!s.ok()) {
+      // No page of the frame stays half mapped.
+      for (size_t k = 0; k <= j; ++k) {
+        for (int64_t p : pages.page_ids()) {
+          mappers_[k]->Unmap(p * bundle).IgnoreError();
+        }
+      }
+      return s;
+    }
+  }
+  for (int64_t p : pages.page_ids()) {
     mapped_[p] = true;
+    ++mapped_count_;
   }
   return absl::OkStatus();
 }
@@ -233,6 +256,7 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   }
   layout_ = layout;
   mappers_ = std::move(mappers);
+  batch_map_ = options.batch_map;
   mapped_.assign(layout.page_count(), false);
   attached_ = true;
   // The pages mapped now follow, with this call's seq.

@@ -14,8 +14,9 @@
 // names and maps every page the daemon reports; afterwards the daemon sends
 // PagesMapped before it hands out any block on a new page, and the session
 // maps those pages while it reads the socket, which it does inside every
-// call and in ProcessEvents. Block b, layer l, buffer k of session device i
-// is at
+// call and in ProcessEvents. Each PagesMapped frame maps as one batch per
+// device (DeviceMapper::MapMany), on every device or on none. Block b,
+// layer l, buffer k of session device i is at
 //   device_base(i) + b * block_stride_bytes + (l * K + k) * block_bytes.
 //
 // Revocations: when the daemon asks to unmap pages, the session unmaps them,
@@ -79,6 +80,10 @@ struct AttachOptions {
   std::string reservation_id;
   int64_t reservation_blocks = 0;
   std::string request_id;
+  // Map each PagesMapped frame's bundles as one batch per device
+  // (DeviceMapper::MapMany: one set-access call per run of adjacent
+  // bundles); false maps them one by one, as a baseline for benchmarks.
+  bool batch_map = true;
 };
 
 class Session {
@@ -208,6 +213,7 @@ class Session {
   // Page ids mapped on every session device.
   std::vector<bool> mapped_ ABSL_GUARDED_BY(mu_);
   int64_t mapped_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool batch_map_ ABSL_GUARDED_BY(mu_) = true;
   std::function<void(absl::Span<const int64_t>)> on_revoke_
       ABSL_GUARDED_BY(mu_);
 };

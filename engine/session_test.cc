@@ -227,6 +227,30 @@ TEST_F(SessionTest, PagesMappedDuringACallAreMappedBeforeItReturns) {
   EXPECT_EQ(*reinterpret_cast<char*>(*session_->BlockAddress(0, 6, 0, 0)), 'd');
 }
 
+TEST_F(SessionTest, AFrameOfPagesMapsAsOneBatchOrNotAtAll) {
+  Open({});
+  av1::Frame pm;
+  for (int64_t p : {2, 0, 1}) pm.mutable_pages_mapped()->add_page_ids(p);
+  peer_.Send(pm, {bundles_[2]->fd.get(), bundles_[0]->fd.get(),
+                  bundles_[1]->fd.get()});
+  ASSERT_TRUE(session_->ProcessEvents().ok());
+  EXPECT_EQ(session_->mapped_pages(), 3);
+  for (int64_t block : {0, 2, 4}) {
+    EXPECT_EQ(*reinterpret_cast<char*>(*session_->BlockAddress(0, block, 0, 0)),
+              'a' + block / 2);
+  }
+  // A frame naming page 3 twice maps neither copy; its fds are closed.
+  av1::Frame twice;
+  twice.mutable_pages_mapped()->add_page_ids(3);
+  twice.mutable_pages_mapped()->add_page_ids(3);
+  peer_.Send(twice, {bundles_[3]->fd.get(), bundles_[3]->fd.get()});
+  EXPECT_EQ(session_->ProcessEvents().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(session_->page_mapped(3));
+  EXPECT_EQ(session_->mapped_pages(), 3);
+  EXPECT_EQ(OpenFds(), fds_before_ + 2);
+}
+
 TEST_F(SessionTest, RevocationUnmapsCallsBackAndAcknowledges) {
   Open({0, 1, 2});
   std::vector<int64_t> revoked;
