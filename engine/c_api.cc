@@ -160,6 +160,23 @@ __attribute__((visibility("default"))) int64_t kvb_mapped_pages(
   return s == nullptr ? 0 : s->session->mapped_pages();
 }
 
+__attribute__((visibility("default"))) int32_t kvb_get_attach_stats(
+    kvb_session* s, kvb_attach_stats* out, kvb_error* err) {
+  if (s == nullptr || out == nullptr) return Report(NullSession(), err);
+  const kvbroker::engine::AttachStats st = s->session->attach_stats();
+  memset(out, 0, sizeof(*out));
+  out->pages = st.pages;
+  out->frames = st.frames;
+  out->set_access_calls = st.access_calls;
+  out->total_ns = absl::ToInt64Nanoseconds(st.total);
+  out->receive_ns = absl::ToInt64Nanoseconds(st.receive);
+  out->setup_ns = absl::ToInt64Nanoseconds(st.setup);
+  out->import_ns = absl::ToInt64Nanoseconds(st.import);
+  out->map_ns = absl::ToInt64Nanoseconds(st.map);
+  out->set_access_ns = absl::ToInt64Nanoseconds(st.access);
+  return Report(absl::OkStatus(), err);
+}
+
 __attribute__((visibility("default"))) int32_t kvb_alloc(
     kvb_session* s, int64_t num_blocks, const char* request_id,
     int64_t* block_ids, int64_t capacity, int64_t* allocated, kvb_error* err) {

@@ -43,7 +43,7 @@
 extern "C" {
 #endif
 
-#define KVB_ENGINE_ABI_VERSION 1
+#define KVB_ENGINE_ABI_VERSION 2
 
 typedef struct kvb_session kvb_session;
 
@@ -71,6 +71,24 @@ typedef struct kvb_layout {
   int32_t device_count; /* session devices */
   int32_t is_cuda;      /* 1: device memory (CUDA); 0: host memory */
 } kvb_layout;
+
+/* Where the last successful kvb_attach's time went, wall-clock nanoseconds.
+ * import, map and set_access are the driver's calls (mmap and mprotect on
+ * the host backend; import is 0 there), summed over the session devices;
+ * receive is the wait for the daemon's reply and page frames (its exports,
+ * when the pool does not export at map time, and the transfer); setup the
+ * mappers' creation. All zero before an attach. (ABI version 2) */
+typedef struct kvb_attach_stats {
+  int64_t pages;
+  int64_t frames;
+  int64_t set_access_calls;
+  int64_t total_ns;
+  int64_t receive_ns;
+  int64_t setup_ns;
+  int64_t import_ns;
+  int64_t map_ns;
+  int64_t set_access_ns;
+} kvb_attach_stats;
 
 /* Called with the page ids of a revocation, after they were unmapped. */
 typedef void (*kvb_revoke_callback)(void* user, const int64_t* page_ids,
@@ -104,6 +122,8 @@ int32_t kvb_block_address(kvb_session* s, int32_t device_index, int64_t block,
                           kvb_error* err);
 /* Pages mapped now on every session device. */
 int64_t kvb_mapped_pages(kvb_session* s);
+int32_t kvb_get_attach_stats(kvb_session* s, kvb_attach_stats* out,
+                             kvb_error* err);
 
 /* Allocates `num_blocks` blocks (all or nothing) into block_ids, which has
  * room for `capacity` ids (INVALID_ARGUMENT, nothing allocated, when it has

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "allocator/failure.h"
 #include "common/error_keys.h"
 
@@ -239,7 +240,10 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   a->set_reservation_id(options.reservation_id);
   a->set_reservation_blocks(options.reservation_blocks);
   a->set_request_id(options.request_id);
+  AttachStats stats;
+  const absl::Time start = absl::Now();
   absl::StatusOr<av1::Frame> reply = Call(std::move(request));
+  stats.receive = absl::Now() - start;
   if (!reply.ok()) return reply.status();
   if (!reply->has_attach_reply()) {
     return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
@@ -248,12 +252,14 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   const av1::AttachReply& r = reply->attach_reply();
   const av1::PoolLayout& layout = r.layout();
   std::vector<std::unique_ptr<DeviceMapper>> mappers;
+  absl::Time t0 = absl::Now();
   for (const av1::Device& d : layout.devices()) {
     absl::StatusOr<std::unique_ptr<DeviceMapper>> m = CreateMapper(
         layout.backend(), d.uuid(), layout.virtual_bytes_per_device());
     if (!m.ok()) return m.status();
     mappers.push_back(std::move(*m));
   }
+  stats.setup = absl::Now() - t0;
   layout_ = layout;
   mappers_ = std::move(mappers);
   batch_map_ = options.batch_map;
@@ -263,13 +269,26 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   const uint64_t seq = next_seq_ - 1;
   int64_t received = 0;
   while (received < r.mapped_pages()) {
+    t0 = absl::Now();
     absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    stats.receive += absl::Now() - t0;
     if (!got.ok()) return got.status();
     if (got->frame.seq() == seq && got->frame.has_pages_mapped()) {
       received += got->frame.pages_mapped().page_ids_size();
+      ++stats.frames;
     }
     if (absl::Status s = HandleEvent(std::move(*got)); !s.ok()) return s;
   }
+  stats.total = absl::Now() - start;
+  stats.pages = mapped_count_;
+  for (const auto& m : mappers_) {
+    const MapperStats& ms = m->stats();
+    stats.access_calls += ms.access_calls;
+    stats.import += ms.import;
+    stats.map += ms.map;
+    stats.access += ms.access;
+  }
+  attach_stats_ = stats;
   return r;
 }
 
@@ -320,6 +339,11 @@ attach::v1::SessionEndReason Session::end_reason() const {
 int64_t Session::mapped_pages() const {
   SessionLock lock(&mu_);
   return mapped_count_;
+}
+
+AttachStats Session::attach_stats() const {
+  SessionLock lock(&mu_);
+  return attach_stats_;
 }
 
 absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {

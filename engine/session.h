@@ -86,6 +86,25 @@ struct AttachOptions {
   bool batch_map = true;
 };
 
+// Where the last Attach's time went (Session::attach_stats). Durations are
+// wall-clock; import, map and access are summed over the session's devices
+// (MapperStats), so with several devices they may add up to more than
+// `total`.
+struct AttachStats {
+  int64_t pages = 0;         // pages mapped by the attach
+  int64_t frames = 0;        // PagesMapped frames read
+  int64_t access_calls = 0;  // set-access calls, every device
+  absl::Duration total;      // AttachRequest sent to the last page mapped
+  // Waiting for and reading the daemon's AttachReply and frames: the
+  // daemon's work for the attach (its exports, unless the pool exports at
+  // map time) and the transfer.
+  absl::Duration receive;
+  absl::Duration setup;  // creating the mappers (driver, context, range)
+  absl::Duration import;
+  absl::Duration map;
+  absl::Duration access;
+};
+
 class Session {
  public:
   // Connects and says hello. UNAVAILABLE when nobody listens; the daemon's
@@ -125,6 +144,8 @@ class Session {
   // it has not (or the engine ended it).
   attach::v1::SessionEndReason end_reason() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t mapped_pages() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Of the last successful Attach; all zero before one.
+  AttachStats attach_stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Pool operations on the attached pool, with kvbroker.v1's semantics. The
   // request's `pool` may be left empty. Pages the call maps are mapped here
@@ -214,6 +235,7 @@ class Session {
   std::vector<bool> mapped_ ABSL_GUARDED_BY(mu_);
   int64_t mapped_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool batch_map_ ABSL_GUARDED_BY(mu_) = true;
+  AttachStats attach_stats_ ABSL_GUARDED_BY(mu_);
   std::function<void(absl::Span<const int64_t>)> on_revoke_
       ABSL_GUARDED_BY(mu_);
 };

@@ -184,6 +184,13 @@ TEST_F(SessionTest, MapsThePagesOfTheAttachAndSharesTheirBytes) {
   Open({0, 2});
   EXPECT_EQ(session_->hello().session_id(), 77u);
   EXPECT_EQ(session_->mapped_pages(), 2);
+  // One frame per page here, so one set-access call each.
+  const AttachStats st = session_->attach_stats();
+  EXPECT_EQ(st.pages, 2);
+  EXPECT_EQ(st.frames, 2);
+  EXPECT_EQ(st.access_calls, 2);
+  EXPECT_EQ(st.import, absl::ZeroDuration());  // the host imports nothing
+  EXPECT_LE(st.receive + st.setup + st.map + st.access, st.total);
   EXPECT_TRUE(session_->page_mapped(0));
   EXPECT_FALSE(session_->page_mapped(1));
   EXPECT_TRUE(session_->page_mapped(2));

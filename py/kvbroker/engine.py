@@ -35,7 +35,7 @@ import os
 
 __all__ = ["EngineError", "Layout", "Session", "KvView", "load_library"]
 
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _LIBRARY_NAME = "libkvbroker_engine.so"
 
 # typestr of the element types a view can have (little-endian machines).
@@ -65,6 +65,12 @@ class _Layout(ctypes.Structure):
         ("device_count", ctypes.c_int32),
         ("is_cuda", ctypes.c_int32),
     ]
+
+
+class _AttachStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "pages", "frames", "set_access_calls", "total_ns", "receive_ns",
+        "setup_ns", "import_ns", "map_ns", "set_access_ns")]
 
 
 _REVOKE_CALLBACK = ctypes.CFUNCTYPE(
@@ -152,6 +158,8 @@ def _declare(lib):
         "kvb_block_address": (i32, [p, i32, i64, i64, i64,
                                     ctypes.POINTER(u64), err]),
         "kvb_mapped_pages": (i64, [p]),
+        "kvb_get_attach_stats": (i32, [p, ctypes.POINTER(_AttachStats),
+                                       err]),
         "kvb_alloc": (i32, [p, i64, ctypes.c_char_p, pi64, i64, pi64, err]),
         "kvb_free": (i32, [p, pi64, i64, ctypes.c_char_p, pi64, err]),
         "kvb_capacity": (i32, [p, pi64, pi64, pi64, err]),
@@ -291,6 +299,16 @@ class Session:
     @property
     def mapped_pages(self):
         return self._lib.kvb_mapped_pages(self._handle)
+
+    def attach_stats(self):
+        """Where the last attach's time went: a dict of kvb_attach_stats's
+        fields (counts, and durations in nanoseconds)."""
+        raw = _AttachStats()
+        err = _Error()
+        _check(self._lib.kvb_get_attach_stats(self._handle,
+                                              ctypes.byref(raw),
+                                              ctypes.byref(err)), err)
+        return {name: getattr(raw, name) for name, _ in raw._fields_}
 
     def alloc(self, num_blocks, request_id=""):
         ids = (ctypes.c_int64 * max(num_blocks, 1))()
