@@ -12,6 +12,11 @@
 // atomic, so a torn read is detected, never undefined; no fences, which TSan
 // does not model.
 //
+// Layout: the words readers load sit on cache lines of their own, apart
+// from the writer's copy and from whatever the owner places next to this
+// object (its lock word, its statistics), so that the writer's other stores
+// do not take the readers' lines away from them (false sharing).
+//
 // Thread safety: Publish and last() require the owner's lock (one writer at
 // a time); Read is thread-safe.
 
@@ -26,6 +31,8 @@
 #include <type_traits>
 
 namespace kvbroker {
+
+inline constexpr size_t kCacheLine = 64;
 
 template <typename T>
 class SeqLock {
@@ -79,13 +86,13 @@ class SeqLock {
     shared_.seq.store(s + 2, std::memory_order_release);
   }
 
-  // What readers load.
-  struct Shared {
+  // What readers load, on lines of its own.
+  struct alignas(kCacheLine) Shared {
     std::atomic<uint64_t> seq{0};
     std::array<std::atomic<int64_t>, kWords> words = {};
   };
   Shared shared_;
-  T last_;  // the writer's copy
+  alignas(kCacheLine) T last_;  // the writer's copy
 };
 
 }  // namespace kvbroker
