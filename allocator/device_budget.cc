@@ -11,7 +11,8 @@ namespace kvbroker {
 DeviceBudgets::DeviceBudgets(Backend* backend, double gpu_memory_utilization)
     : backend_(backend),
       utilization_(gpu_memory_utilization),
-      device_count_(backend->device_count()) {
+      device_count_(backend->device_count()),
+      published_(new SeqLock<Figures>[device_count_]) {
   absl::MutexLock lock(&mu_);
   devices_.resize(device_count_);
 }
@@ -71,7 +72,12 @@ absl::Status DeviceBudgets::Refresh(int device) {
   d.headroom = Bytes(std::llround(static_cast<double>(info->total.value()) *
                                   (1.0 - utilization_)));
   ++d.refreshes;
+  PublishLocked(device);
   return absl::OkStatus();
+}
+
+int64_t DeviceBudgets::Budget(const Figures& f) {
+  return std::max<int64_t>(0, f.total - f.headroom - f.external - f.charged);
 }
 
 int64_t DeviceBudgets::BudgetLocked(const Device& d) const {
@@ -79,12 +85,24 @@ int64_t DeviceBudgets::BudgetLocked(const Device& d) const {
                                   d.external.value() - d.charged.value());
 }
 
+void DeviceBudgets::PublishLocked(int device) {
+  const Device& d = devices_[device];
+  Figures f;
+  f.total = d.total.value();
+  f.driver_free = d.driver_free.value();
+  f.headroom = d.headroom.value();
+  f.charged = d.charged.value();
+  f.created = d.created.value();
+  f.external = d.external.value();
+  f.refreshes = d.refreshes;
+  published_[device].Publish(f);
+}
+
 int64_t DeviceBudgets::AffordableBundles(absl::Span<const int> devices,
                                          Bytes bundle) const {
-  absl::MutexLock lock(&mu_);
   int64_t n = INT64_MAX;
   for (int dev : devices) {
-    n = std::min(n, BudgetLocked(devices_[dev]) / bundle.value());
+    n = std::min(n, Budget(published_[dev].Read()) / bundle.value());
   }
   return devices.empty() ? 0 : n;
 }
@@ -97,7 +115,10 @@ bool DeviceBudgets::TryCharge(absl::Span<const int> devices, Bytes bundle,
   for (int dev : devices) {
     if (BudgetLocked(devices_[dev]) < bytes) return false;
   }
-  for (int dev : devices) devices_[dev].charged += Bytes(bytes);
+  for (int dev : devices) {
+    devices_[dev].charged += Bytes(bytes);
+    PublishLocked(dev);
+  }
   return true;
 }
 
@@ -105,7 +126,10 @@ void DeviceBudgets::Uncharge(absl::Span<const int> devices, Bytes bundle,
                              int64_t count) {
   if (count == 0) return;
   absl::MutexLock lock(&mu_);
-  for (int dev : devices) devices_[dev].charged -= bundle * count;
+  for (int dev : devices) {
+    devices_[dev].charged -= bundle * count;
+    PublishLocked(dev);
+  }
 }
 
 void DeviceBudgets::CreateStarting(int device, Bytes bytes) {
@@ -121,6 +145,7 @@ void DeviceBudgets::CreateFinished(int device, Bytes bytes, bool ok) {
   d.creating -= bytes;
   if (ok) d.created += bytes;
   ++d.changes;
+  PublishLocked(device);
 }
 
 Bytes DeviceBudgets::ReleaseStarting(int device, Bytes bytes) {
@@ -131,6 +156,7 @@ Bytes DeviceBudgets::ReleaseStarting(int device, Bytes bytes) {
   d.releasing += taken;
   d.release_started_total += taken;
   ++d.changes;
+  PublishLocked(device);
   return taken;
 }
 
@@ -140,21 +166,22 @@ void DeviceBudgets::ReleaseFinished(int device, Bytes taken, bool ok) {
   d.releasing -= taken;
   if (!ok) d.created += taken;  // still there
   ++d.changes;
+  PublishLocked(device);
 }
 
 DeviceBudgetSnapshot DeviceBudgets::Snapshot(int device) const {
-  absl::MutexLock lock(&mu_);
-  const Device& d = devices_.at(device);
+  ABSL_ASSERT(device >= 0 && device < device_count_);
+  const Figures f = published_[device].Read();
   DeviceBudgetSnapshot s;
   s.device = device;
-  s.total = d.total;
-  s.driver_free = d.driver_free;
-  s.headroom = d.headroom;
-  s.charged = d.charged;
-  s.created = d.created;
-  s.external = d.external;
-  s.budget = Bytes(BudgetLocked(d));
-  s.refreshes = d.refreshes;
+  s.total = Bytes(f.total);
+  s.driver_free = Bytes(f.driver_free);
+  s.headroom = Bytes(f.headroom);
+  s.charged = Bytes(f.charged);
+  s.created = Bytes(f.created);
+  s.external = Bytes(f.external);
+  s.budget = Bytes(Budget(f));
+  s.refreshes = f.refreshes;
   return s;
 }
 

@@ -25,6 +25,14 @@
 // a pool charges the bundles it is about to map under this object's lock,
 // all devices of the pool at once or none.
 //
+// Reading without the lock: every change under the lock ends by publishing
+// the device's figures in a sequence lock (seqlock.h), so AffordableBundles
+// and Snapshot never wait for the lock, for a charge, a create or a refresh
+// of another thread. A read returns each device's figures as they were at
+// the end of some change; a reader that saw a pool's counters published
+// after a charge sees that charge (docs/design.md, "Capacity without the
+// lock").
+//
 // Thread safety: thread-safe; the lock is a leaf (never held while calling
 // into a pool or the backend).
 
@@ -32,6 +40,7 @@
 #define KVBROKER_ALLOCATOR_DEVICE_BUDGET_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -39,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "allocator/backend.h"
+#include "allocator/seqlock.h"
 
 namespace kvbroker {
 
@@ -67,9 +77,9 @@ class DeviceBudgets {
   absl::Status RefreshAll() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Bundles of `bundle` bytes that every device in `devices` can still
-  // afford: the minimum over the devices.
-  int64_t AffordableBundles(absl::Span<const int> devices, Bytes bundle) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // afford: the minimum over the devices. From the published figures: takes
+  // no lock.
+  int64_t AffordableBundles(absl::Span<const int> devices, Bytes bundle) const;
 
   // Charges `count` bundles of `bundle` bytes on every device of `devices`,
   // or nothing if any device cannot afford them. Returns whether it charged.
@@ -91,7 +101,8 @@ class DeviceBudgets {
   void ReleaseFinished(int device, Bytes taken, bool ok)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  DeviceBudgetSnapshot Snapshot(int device) const ABSL_LOCKS_EXCLUDED(mu_);
+  // From the published figures: takes no lock.
+  DeviceBudgetSnapshot Snapshot(int device) const;
   double gpu_memory_utilization() const { return utilization_; }
   int device_count() const { return device_count_; }
 
@@ -116,8 +127,23 @@ class DeviceBudgets {
   // Refreshes attempted before settling for the lower bound of `created`.
   static constexpr int kRefreshAttempts = 3;
 
+  // What readers see of one device, published at the end of every change
+  // (int64 words, for SeqLock).
+  struct Figures {
+    int64_t total = 0;
+    int64_t driver_free = 0;
+    int64_t headroom = 0;
+    int64_t charged = 0;
+    int64_t created = 0;
+    int64_t external = 0;
+    int64_t refreshes = 0;
+  };
+
   int64_t BudgetLocked(const Device& d) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static int64_t Budget(const Figures& f);
+  // Publishes device `device`'s figures; ends every change under mu_.
+  void PublishLocked(int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Backend* const backend_;
   const double utilization_;
@@ -125,6 +151,8 @@ class DeviceBudgets {
 
   mutable absl::Mutex mu_;
   std::vector<Device> devices_ ABSL_GUARDED_BY(mu_);
+  // One per device; written under mu_ (PublishLocked), read by anyone.
+  std::unique_ptr<SeqLock<Figures>[]> published_;
 };
 
 }  // namespace kvbroker

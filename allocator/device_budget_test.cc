@@ -4,8 +4,10 @@
 
 #include "allocator/device_budget.h"
 
+#include <atomic>
 #include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -372,6 +374,51 @@ TEST(DeviceBudgetsTest, QueryErrorsAreReturned) {
   EXPECT_EQ(budgets.Snapshot(1).refreshes, 0);
   EXPECT_TRUE(budgets.Refresh(1).ok());
   EXPECT_EQ(budgets.Snapshot(1).refreshes, 1);
+}
+
+
+// Readers take no lock: each read is the figures at the end of one change.
+// While one thread charges and uncharges bundles on two devices in turn,
+// every read of a device shows charged + budget == what the device offers
+// and a charge that is a whole number of bundles, never a torn mix of two
+// changes.
+TEST(DeviceBudgetsTest, ReadsWithoutTheLockAreWholeChanges) {
+  HostBackend host(Devices(2));
+  LeaveFree(host, 0, Bytes(10 * kGiB));
+  LeaveFree(host, 1, Bytes(10 * kGiB));
+  DeviceBudgets budgets(&host, 0.95);
+  ASSERT_TRUE(budgets.Init().ok());
+  const Bytes offered = budgets.Snapshot(0).budget;  // 6 GiB, as in P1
+  ASSERT_EQ(offered, Bytes(6 * kGiB));
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int i = 0; i < 2000; ++i) {
+      ASSERT_TRUE(budgets.TryCharge({0, 1}, kBundle, 1 + i % 7));
+      budgets.CreateStarting(i % 2, kBundle);
+      budgets.CreateFinished(i % 2, kBundle, true);
+      const Bytes taken = budgets.ReleaseStarting(i % 2, kBundle);
+      budgets.ReleaseFinished(i % 2, taken, true);
+      budgets.Uncharge({0, 1}, kBundle, 1 + i % 7);
+    }
+    stop = true;
+  });
+  bool last = false;
+  do {
+    last = stop.load();
+    for (int d = 0; d < 2; ++d) {
+      const DeviceBudgetSnapshot s = budgets.Snapshot(d);
+      ASSERT_EQ(s.charged + s.budget, offered);
+      ASSERT_EQ(s.charged.value() % kBundle.value(), 0);
+      ASSERT_LE(s.created, kBundle);
+    }
+    const int64_t n = budgets.AffordableBundles({0, 1}, kBundle);
+    ASSERT_GE(n, 48 - 7);
+    ASSERT_LE(n, 48);
+  } while (!last);
+  writer.join();
+  EXPECT_EQ(budgets.Snapshot(0).charged, Bytes(0));
+  EXPECT_EQ(budgets.Snapshot(1).charged, Bytes(0));
+  EXPECT_EQ(budgets.AffordableBundles({0, 1}, kBundle), 48);
 }
 
 }  // namespace

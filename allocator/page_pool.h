@@ -465,7 +465,8 @@ class PagePool {
 
   // ---- guarded by mu_ ----
   mutable absl::Mutex mu_;
-  // Written under mu_ (PublishLocked), read by anyone without it.
+  // Written under mu_ (PublishLocked), read by anyone without it; on cache
+  // lines of its own (seqlock.h), apart from mu_ and the fields below.
   PublishedCounters published_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
@@ -516,7 +517,9 @@ class PagePool {
   absl::flat_hash_map<PageId, Leaving> revoking_ ABSL_GUARDED_BY(mu_);
   ReservationTable reservations_ ABSL_GUARDED_BY(mu_);
   IdempotencyWindow remembered_ ABSL_GUARDED_BY(mu_);
-  PoolStats stats_ ABSL_GUARDED_BY(mu_);
+  // On lines of its own: written by every call, read by none of the
+  // lock-free readers.
+  alignas(kCacheLine) PoolStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvbroker

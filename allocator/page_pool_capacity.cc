@@ -110,7 +110,9 @@ PoolCounters PagePool::CountersLocked() const {
   c.limit_bytes = limit_bytes_.value();
   c.limit_revision = limit_revision_;
   c.target_pages = target_pages_;
-  c.revoking = static_cast<int64_t>(revoking_.size());
+  // Only pages engines were asked to let go of: a page still owned by its
+  // unmapping call counts as MAPPING either way.
+  for (const auto& [p, leaving] : revoking_) c.revoking += leaving.revoked;
   if (std::optional<absl::Time> next = reservations_.next_expiry()) {
     c.next_expiry_ns = absl::ToUnixNanos(*next);
   }

@@ -22,6 +22,15 @@
 // hits idle and busy alike. The last lines are the ratios the project tracks:
 // busy p99 / idle p99 for Capacity and for Alloc(16)+Free (target <= 1.2).
 //
+// --control repeats the three phases with a control thread in place of the
+// mapper: it makes the same driver calls (create, map and set access of
+// --map_pages bundles on the pool's devices, then unmap and release them)
+// in a range of its own, plus a pass over as many block ids, and never
+// touches pool X. Its busy/idle ratios are what the machine alone does to
+// the measured calls (about 1.0 on a quiet machine); the pool's ratios are
+// to be read against them. --pin pins the measured thread and the other
+// thread (mapper or control) to two distinct CPUs of the allowed set.
+//
 // Two diagnostics tell apart why a measured call waits:
 //   mapper sections  the backend is wrapped in a decorator that timestamps
 //                    the mapper thread's driver calls, so each of its pool
@@ -39,12 +48,17 @@
 // Long sections mean the pool holds its lock too long; short sections and
 // a large hand-off delay mean any wait at all costs the wake-up.
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -61,6 +75,11 @@ ABSL_FLAG(std::string, backend, "host", "host or cuda");
 ABSL_FLAG(double, seconds, 4, "seconds of the busy phase (idle: as long)");
 ABSL_FLAG(int, map_pages, 64, "pages each of the mapper's Alloc calls maps");
 ABSL_FLAG(int, interval_us, 50, "schedule of the measured loop");
+ABSL_FLAG(bool, control, false,
+          "also run the phases with a control thread doing the same driver "
+          "work outside the pool");
+ABSL_FLAG(bool, pin, false,
+          "pin the measured thread and the other thread to distinct CPUs");
 ABSL_FLAG(int, handoff_hold_us, 10,
           "mutex hand-off probe: how long the holder keeps the lock");
 
@@ -83,6 +102,30 @@ double Percentile(std::vector<double> v, double q) {
 
 void Spin(absl::Duration d) {
   for (const absl::Time end = absl::Now() + d; absl::Now() < end;) {
+  }
+}
+
+// The CPUs --pin uses: the first two the process may run on (-1 if fewer).
+std::pair<int, int> PinCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return {-1, -1};
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  if (cpus.size() < 2) return {-1, -1};
+  return {cpus[0], cpus[1]};
+}
+
+// Pins the calling thread to `cpu` (nothing for -1).
+void PinTo(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) {
+    std::fprintf(stderr, "same_pool_bench: could not pin to CPU %d\n", cpu);
   }
 }
 
@@ -313,14 +356,87 @@ int Main() {
   };
 
   const double secs = absl::GetFlag(FLAGS_seconds);
-  Measure(pool, 0.2, &held, &idle_mapped);  // warm-up
-  idle_mapped = 0;
-  Samples idle = Measure(pool, secs / 2, &held, &idle_mapped);
-  std::thread busy_thread(mapper);
-  Samples busy = Measure(pool, secs, &held, &busy_mapped);
-  stop = true;
-  busy_thread.join();
-  idle.Append(Measure(pool, secs / 2, &held, &idle_mapped));
+  const std::pair<int, int> cpus =
+      absl::GetFlag(FLAGS_pin) ? PinCpus() : std::pair<int, int>{-1, -1};
+  PinTo(cpus.first);
+  // Idle half, busy with `other` running on its own thread, idle half.
+  auto phases = [&](const std::function<void()>& other, Samples* idle,
+                    Samples* busy, int64_t* idle_mapped, int64_t* busy_mapped) {
+    Measure(pool, 0.2, &held, idle_mapped);  // warm-up
+    *idle_mapped = 0;
+    *idle = Measure(pool, secs / 2, &held, idle_mapped);
+    stop = false;
+    std::thread busy_thread([&] {
+      PinTo(cpus.second);
+      other();
+    });
+    *busy = Measure(pool, secs, &held, busy_mapped);
+    stop = true;
+    busy_thread.join();
+    idle->Append(Measure(pool, secs / 2, &held, idle_mapped));
+  };
+  Samples idle, busy;
+  phases(mapper, &idle, &busy, &idle_mapped, &busy_mapped);
+
+  // The control: the same driver work and a pass over as many block ids,
+  // in a range of the control's own; pool X is not touched.
+  Samples control_idle, control_busy;
+  int64_t control_idle_mapped = 0, control_busy_mapped = 0;
+  std::atomic<int64_t> control_cycles{0};
+  if (absl::GetFlag(FLAGS_control)) {
+    const Geometry& g = pool->geometry();
+    const Bytes bundle = g.bundle_bytes();
+    std::vector<VirtualRange> ranges;
+    for (int d : g.devices()) {
+      absl::StatusOr<VirtualRange> r =
+          backend->ReserveRange(d, bundle * map_pages);
+      if (!r.ok()) Die(r.status(), "control range");
+      ranges.push_back(*r);
+    }
+    auto control = [&] {
+      std::vector<PhysicalHandle> handles(map_pages * ranges.size());
+      std::vector<BlockId> ids(map_pages * kBlocksPerPage);
+      while (!stop.load()) {
+        for (int64_t p = 0; p < map_pages; ++p) {
+          for (size_t i = 0; i < ranges.size(); ++i) {
+            const int d = g.devices()[i];
+            const uint64_t at = ranges[i].base + p * bundle.value();
+            absl::StatusOr<PhysicalHandle> h = backend->Create(d, bundle);
+            if (!h.ok()) Die(h.status(), "control create");
+            if (auto st = backend->Map(d, at, bundle, *h); !st.ok()) {
+              Die(st, "control map");
+            }
+            if (auto st = backend->SetAccess(d, at, bundle); !st.ok()) {
+              Die(st, "control set access");
+            }
+            handles[p * ranges.size() + i] = *h;
+          }
+        }
+        for (size_t b = 0; b < ids.size(); ++b) {
+          ids[b] = static_cast<BlockId>(b) + control_cycles.load();
+        }
+        for (int64_t p = 0; p < map_pages; ++p) {
+          for (size_t i = 0; i < ranges.size(); ++i) {
+            const int d = g.devices()[i];
+            const uint64_t at = ranges[i].base + p * bundle.value();
+            if (auto st = backend->Unmap(d, at, bundle); !st.ok()) {
+              Die(st, "control unmap");
+            }
+            if (auto st = backend->Release(d, handles[p * ranges.size() + i]);
+                !st.ok()) {
+              Die(st, "control release");
+            }
+          }
+        }
+        ++control_cycles;
+      }
+    };
+    phases(control, &control_idle, &control_busy, &control_idle_mapped,
+           &control_busy_mapped);
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      (void)backend->FreeRange(g.devices()[i], ranges[i]);
+    }
+  }
   const std::vector<double> handoff = MutexHandoff(secs / 2);
 
   std::printf(
@@ -364,12 +480,32 @@ int Main() {
   tail("  trim: last unmap to return", sections.trim_after);
   tail("  driver time per cycle", sections.driver);
   tail("mutex hand-off delay (waited)", handoff);
-  std::printf(
-      "%-34s %10.3f x\n", "capacity busy/idle p99 (<= 1.2)",
-      Percentile(busy.capacity_us, 0.99) / Percentile(idle.capacity_us, 0.99));
-  std::printf("%-34s %10.3f x\n", "alloc+free busy/idle p99 (<= 1.2)",
-              Percentile(busy.alloc_free_us, 0.99) /
-                  Percentile(idle.alloc_free_us, 0.99));
+  if (cpus.first >= 0) {
+    std::printf("%-34s %10d / %d\n", "pinned: measured / other on CPU",
+                cpus.first, cpus.second);
+  }
+  auto ratio = [](const std::vector<double>& b, const std::vector<double>& i) {
+    return Percentile(b, 0.99) / Percentile(i, 0.99);
+  };
+  const double cap = ratio(busy.capacity_us, idle.capacity_us);
+  const double af = ratio(busy.alloc_free_us, idle.alloc_free_us);
+  if (absl::GetFlag(FLAGS_control)) {
+    std::printf("%-34s %10.1f cycles/s\n", "control thread (no pool)",
+                control_cycles.load() / secs);
+    std::printf("%-34s %10.2f / %.2f us\n", "control: capacity idle / busy p99",
+                Percentile(control_idle.capacity_us, 0.99),
+                Percentile(control_busy.capacity_us, 0.99));
+    std::printf("%-34s %10.2f / %.2f us\n",
+                "control: free+alloc idle / busy p99",
+                Percentile(control_idle.alloc_free_us, 0.99),
+                Percentile(control_busy.alloc_free_us, 0.99));
+    std::printf("%-34s %10.3f x\n", "control capacity busy/idle p99",
+                ratio(control_busy.capacity_us, control_idle.capacity_us));
+    std::printf("%-34s %10.3f x\n", "control alloc+free busy/idle p99",
+                ratio(control_busy.alloc_free_us, control_idle.alloc_free_us));
+  }
+  std::printf("%-34s %10.3f x\n", "capacity busy/idle p99 (<= 1.2)", cap);
+  std::printf("%-34s %10.3f x\n", "alloc+free busy/idle p99 (<= 1.2)", af);
   return 0;
 }
 
