@@ -295,7 +295,7 @@ int Run() {
     }
   }
   std::printf(
-      "medians of %d rounds, seconds (import, map, access: the engine's "
+      "medians of %d rounds, milliseconds (import, map, access: the engine's "
       "driver calls; receive: waiting for the daemon's reply and frames)\n",
       rounds);
   std::printf("%-6s %8s %8s %8s %8s %8s %8s %8s %8s %7s %7s\n", "mode",
@@ -305,10 +305,11 @@ int Run() {
     const Samples& s = samples[m];
     const double b = Median(s.bring_up), at = Median(s.attach);
     std::printf(
-        "%-6s %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f %7.0f %6.3fx\n",
-        m.c_str(), b, at, Median(s.receive), Median(s.setup), Median(s.import),
-        Median(s.map), Median(s.access), Median(s.close),
-        Median(s.access_calls), at / b);
+        "%-6s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %7.0f %6.3fx\n",
+        m.c_str(), 1e3 * b, 1e3 * at, 1e3 * Median(s.receive),
+        1e3 * Median(s.setup), 1e3 * Median(s.import), 1e3 * Median(s.map),
+        1e3 * Median(s.access), 1e3 * Median(s.close), Median(s.access_calls),
+        at / b);
   }
   if (absl::GetFlag(FLAGS_check_bytes)) {
     std::printf(
