@@ -79,9 +79,11 @@ class PageHooksTest : public ::testing::Test {
   }
 
   // P = 2 MiB, B = 512 KiB: 4 blocks per page, 8 pages, devices {0, 1}.
-  std::unique_ptr<PagePool> MakePool(int64_t max_idle) {
+  std::unique_ptr<PagePool> MakePool(int64_t max_idle,
+                                     bool export_at_map = false) {
     PoolConfig c;
     c.name = "p";
+    c.export_at_map = export_at_map;
     c.page_size = MiB(2);
     c.block_bytes = KiB(512);
     c.max_blocks = 32;
@@ -239,6 +241,38 @@ TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
   pool->RemovePageListener(&l);
   EXPECT_EQ(OpenFds(), baseline);
   EXPECT_EQ(backend_.live_handles(), 0);
+}
+
+TEST_F(PageHooksTest, ExportAtMapExportsWhenMappedAndNeverAgain) {
+  auto pool = MakePool(/*max_idle=*/0, /*export_at_map=*/true);
+  const int baseline = OpenFds();
+  // Nobody listens, yet each handle is exported as its page maps.
+  const std::vector<BlockId> six = Alloc(*pool, 6, "");  // pages 0 and 1
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 4);
+  EXPECT_EQ(OpenFds(), baseline + 4 + 4);  // memfds and their exports
+  // A listener's snapshot and later announcements lend those fds.
+  RecordingListener l(pool.get());
+  std::vector<PageId> snapshot;
+  ASSERT_TRUE(pool->AddPageListener(&l,
+                                    [&](auto pages) {
+                                      for (const MappedPage& m : pages)
+                                        snapshot.push_back(m.page);
+                                    })
+                  .ok());
+  EXPECT_EQ(snapshot, (std::vector<PageId>{0, 1}));
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 4);
+  const std::vector<BlockId> four = Alloc(*pool, 4, "");  // page 2
+  EXPECT_EQ(l.heard, (std::vector<PageId>{2}));
+  EXPECT_EQ(l.bad_fds, 0);
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 6);
+  pool->RemovePageListener(&l);
+  // Unmapped pages close their exports with their handles.
+  Free(*pool, six);
+  Free(*pool, four);
+  EXPECT_EQ(pool->Capacity()->pages_free.value(), 8);
+  EXPECT_EQ(OpenFds(), baseline);
+  EXPECT_EQ(backend_.calls(BackendOp::kExportHandle), 6);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
 TEST_F(PageHooksTest, ShutdownRevokesWhatListenersMapAndReleasesAsTheyLetGo) {

@@ -142,8 +142,11 @@ absl::Status FrameChannel::Send(const v1::Frame& frame,
   send_buffer_.resize(kHeaderBytes + body);
   memcpy(send_buffer_.data(), kFrameMagic, 4);
   PutLittleEndian32(static_cast<uint32_t>(body), send_buffer_.data() + 4);
-  if (!frame.SerializeToArray(send_buffer_.data() + kHeaderBytes,
-                              static_cast<int>(body))) {
+  // ByteSizeLong above cached every submessage's size: serialize with them
+  // rather than walking the message twice more (SerializeToArray would).
+  uint8_t* const begin =
+      reinterpret_cast<uint8_t*>(send_buffer_.data() + kHeaderBytes);
+  if (frame.SerializeWithCachedSizesToArray(begin) != begin + body) {
     return absl::InternalError("frame does not serialize");
   }
   iovec iov = {send_buffer_.data(), send_buffer_.size()};

@@ -18,8 +18,10 @@ void Outbox::SetDevices(std::vector<int> device_indices) {
 }
 
 void Outbox::SignalLocked() {
+  if (signaled_) return;
   const uint64_t one = 1;
   (void)!write(event_.get(), &one, sizeof(one));
+  signaled_ = true;
 }
 
 void Outbox::QueuePagesLocked(absl::Span<const MappedPage> pages,
@@ -89,8 +91,15 @@ void Outbox::Queue(v1::Frame frame) {
 }
 
 absl::Status Outbox::Drain(FrameChannel& channel) {
-  uint64_t count;
-  (void)!read(event_.get(), &count, sizeof(count));
+  {
+    // Nothing queued since the last Drain: no syscall (the session's hot
+    // path calls Drain before every reply).
+    absl::MutexLock lock(&mu_);
+    if (!signaled_) return absl::OkStatus();
+    uint64_t count;
+    (void)!read(event_.get(), &count, sizeof(count));
+    signaled_ = false;
+  }
   while (true) {
     Outgoing next;
     {

@@ -18,7 +18,9 @@
 // page.
 //
 // Thread safety: OnPagesMapped and the Queue calls from any thread; Drain
-// from the session's thread only. The eventfd is readable while frames wait.
+// from the session's thread only. The eventfd is readable while frames wait
+// (from the first frame queued after a Drain to the next Drain); Drain reads
+// it only then, so a Drain with nothing queued makes no syscall.
 
 #ifndef KVBROKER_ATTACH_OUTBOX_H_
 #define KVBROKER_ATTACH_OUTBOX_H_
@@ -96,6 +98,10 @@ class Outbox : public PageListener {
   mutable absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  // Whether the eventfd's counter is non-zero: set by the first signal
+  // after a Drain, cleared (and the counter read) by Drain. Every queued
+  // frame was queued with it set or is being sent by the running Drain.
+  bool signaled_ ABSL_GUARDED_BY(mu_) = false;
   int64_t pages_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pages_revoked_ ABSL_GUARDED_BY(mu_) = 0;
   bool pool_closed_sent_ ABSL_GUARDED_BY(mu_) = false;
