@@ -108,8 +108,8 @@ void PagePool::UnmapRevoked(const std::vector<PageId>& pages) {
       WithoutLock([&] {
         for (Unmap& u : unmaps) u.status = mapper_.Unmap(u.page, &u.took);
       });
-      --calls_in_flight_;
       LandUnmapsLocked(&unmaps, &epi.log);
+      --calls_in_flight_;
       SettleLimitLocked();
       // A limit raised while they were leaving may have room for them.
       if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();

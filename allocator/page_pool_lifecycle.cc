@@ -30,6 +30,7 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       remembered_(options_.idempotency_window, options_.idempotency_capacity) {
   absl::MutexLock lock(&mu_);
   generation_ = options_.initial_generation;
+  freeing_.assign((geometry_.max_blocks() + 63) / 64, 0);
   target_pages_ = geometry_.page_count().value();
   PublishLocked();
 }
