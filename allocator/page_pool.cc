@@ -31,9 +31,12 @@ void PagePool::WithoutLock(absl::FunctionRef<void()> work)
 }
 
 void PagePool::StepLocked() {
-  WithoutLock([this] {
-    if (options_.between_steps) options_.between_steps();
-  });
+  if (options_.between_steps) {
+    WithoutLock([this] { options_.between_steps(); });
+    return;
+  }
+  PublishLocked();
+  mu_.Yield();  // a call waiting for the lock goes first
 }
 
 // ---------------------------------------------------------------------------
@@ -382,7 +385,7 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
   // the lock is released.
   std::vector<BlockId> ungrouped;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     std::vector<Unmap> unmaps;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
@@ -472,7 +475,7 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
   Epilogue epi;
   absl::StatusOr<ReservationInfo> result;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     std::vector<Unmap> unmaps;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
@@ -533,7 +536,7 @@ absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
   Epilogue epi;
   absl::StatusOr<ReleaseResult> result;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<ReleaseResult> {
@@ -598,7 +601,7 @@ void PagePool::ExpireLocked(std::string* log) {
 void PagePool::ExpireReservations() {
   Epilogue epi;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     if (!shut_down_) ExpireLocked(&epi.log);
     CloseLocked(&epi);
@@ -737,17 +740,17 @@ uint64_t PagePool::generation() const {
 bool PagePool::healthy() const { return published_.Read().failed == 0; }
 
 bool PagePool::device_lost() const {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   return device_lost_;
 }
 
 PoolStats PagePool::Stats() const {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   return stats_;
 }
 
 absl::Status PagePool::CheckInvariants() const {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   return CheckInvariantsLocked();
 }
 

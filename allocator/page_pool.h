@@ -41,7 +41,8 @@
 //   while mu_ is free: published_ holds CountersLocked() (every release of
 //     mu_ publishes first: CloseLocked, WithoutLock, before each Await).
 //
-// Locking: one absl::Mutex, mu_, guards all mutable state. No backend call,
+// Locking: one lock, mu_ (a SpinThenLock: spins, bounded, then parks in an
+// absl::Mutex), guards all mutable state. No backend call,
 // driver query or log line runs under it. A call that must map or unmap
 // takes its pages under the lock (they become MAPPING: in flight), drops
 // the lock in one helper, WithoutLock, for the driver calls, and retakes it
@@ -82,6 +83,7 @@
 #include "allocator/pool_types.h"
 #include "allocator/published_counters.h"
 #include "allocator/reservation_table.h"
+#include "allocator/spin_then_lock.h"
 #include "allocator/stats.h"
 #include "allocator/units.h"
 
@@ -490,7 +492,7 @@ class PagePool {
   PageAnnouncer announcer_;
 
   // ---- guarded by mu_ ----
-  mutable absl::Mutex mu_;
+  mutable SpinThenLock mu_;
   // Written under mu_ (PublishLocked), read by anyone without it; on cache
   // lines of its own (seqlock.h), apart from mu_ and the fields below.
   PublishedCounters published_;

@@ -190,7 +190,7 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
   std::string log;
   absl::StatusOr<CapacitySnapshot> c;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     c = CapacityLocked(query, &log);
     PublishLocked();  // reservations may have expired
   }
@@ -357,7 +357,7 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
   Epilogue epi;
   absl::StatusOr<LimitResult> result;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<LimitResult> {
@@ -441,7 +441,7 @@ absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
   Epilogue epi;
   absl::StatusOr<TrimResult> result;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     result =
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<TrimResult> {
@@ -475,7 +475,7 @@ absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
 
 absl::StatusOr<std::vector<PageOccupancy>> PagePool::GetPageOccupancy(
     const std::vector<PageId>& page_ids) {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   if (shut_down_) return CheckUsableLocked();
   const int64_t T = geometry_.page_count().value();
   std::vector<PageOccupancy> out;

@@ -85,7 +85,7 @@ void PagePool::UnmapRevoked(const std::vector<PageId>& pages) {
   if (pages.empty()) return;
   Epilogue epi;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     if (shut_down_) {
       bool let_go = false;
       for (PageId p : pages) {

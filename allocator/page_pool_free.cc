@@ -72,7 +72,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
     return ascending.subspan(cuts[k], cuts[k + 1] - cuts[k]);
   };
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     result =
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
