@@ -408,5 +408,195 @@ TEST(ConcurrentPropertyTest, ThreadsOnOnePoolKeepBooksAndExactCapacity) {
   }
 }
 
+// Bounded lock hold (docs/design.md): a call that commits, frees, trims or
+// lands more than eight pages releases the lock between steps of at most
+// eight pages. Here a caller runs between every two steps (the pool's
+// between_steps hook, on the stepping thread: a deterministic interleaving)
+// and checks the pool there: the invariants hold, and Capacity is exact at
+// that moment: Alloc(c + 1) is refused with a capacity reason and Alloc(c)
+// succeeds (and is freed again).
+struct Stepping {
+  PagePool* pool = nullptr;
+  bool inside = false;
+  int64_t steps = 0;
+  std::vector<std::string> errors;
+};
+
+void CheckBetweenSteps(Stepping* st) {
+  if (st->pool == nullptr || st->inside) return;
+  st->inside = true;  // the caller's own calls step too; not checked again
+  ++st->steps;
+  PagePool& pool = *st->pool;
+  auto fail = [&](const std::string& what) {
+    st->errors.push_back(absl::StrCat("step ", st->steps, ": ", what));
+  };
+  if (absl::Status s = pool.CheckInvariants(); !s.ok()) fail(s.ToString());
+  auto cap = pool.Capacity();
+  if (!cap.ok()) {
+    fail(cap.status().ToString());
+  } else {
+    const int64_t c = cap->available_blocks.value();
+    AllocRequest more;
+    more.num_blocks = c + 1;
+    auto refused = pool.Alloc(more);
+    if (refused.ok() || !IsCapacityReason(GetReason(refused.status()))) {
+      fail(absl::StrCat("Alloc(c + 1) with c = ", c, " was not refused"));
+    }
+    AllocRequest exact;
+    exact.num_blocks = c;
+    auto got = pool.Alloc(exact);
+    if (!got.ok()) {
+      fail(
+          absl::StrCat("Alloc(c) with c = ", c, ": ", got.status().ToString()));
+    } else if (c > 0) {
+      const std::vector<BlockId> ids = Flatten(got->pages);
+      FreeRequest back;
+      back.block_ids = ids;
+      if (auto f = pool.Free(back); !f.ok()) fail(f.status().ToString());
+    }
+    if (absl::Status s = pool.CheckInvariants(); !s.ok()) fail(s.ToString());
+  }
+  st->inside = false;
+}
+
+TEST(ConcurrentPropertyTest, CallerBetweenStepsSeesAnExactPool) {
+  constexpr int64_t kPages = 40, kPerPage = 4;
+  HostBackendOptions ho;
+  ho.device_count = 1;
+  ho.device_total = MiB(2 * 200);
+  ho.granularity = MiB(2);
+  HostBackend host(ho);
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  ManualClock clock;
+  PoolConfig pc;
+  pc.name = "steps";
+  pc.page_size = MiB(2);
+  pc.block_bytes = Bytes(MiB(2).value() / kPerPage);
+  pc.max_blocks = kPages * kPerPage;
+  PoolOptions po;
+  po.min_idle_pages = 0;
+  po.max_idle_pages = kPages;
+  Stepping st;
+  po.between_steps = [&st] { CheckBetweenSteps(&st); };
+  auto pool_or = PagePool::Create(pc, &host, &budgets, &clock, po);
+  ASSERT_TRUE(pool_or.ok()) << pool_or.status();
+  PagePool& pool = **pool_or;
+  st.pool = &pool;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    // 40 fresh pages committed eight at a time: 4 steps.
+    st.steps = 0;
+    AllocRequest all;
+    all.num_blocks = kPages * kPerPage;
+    auto got = pool.Alloc(all);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->pages_mapped, kPages);
+    EXPECT_EQ(st.steps, 4);
+    // Their blocks validated (4 steps) and returned (4 steps), eight pages
+    // at a time; every page stays IDLE.
+    st.steps = 0;
+    const std::vector<BlockId> ids = Flatten(got->pages);
+    FreeRequest back;
+    back.block_ids = ids;
+    auto freed = pool.Free(back);
+    ASSERT_TRUE(freed.ok()) << freed.status();
+    EXPECT_EQ(freed->freed_blocks, kPages * kPerPage);
+    EXPECT_EQ(st.steps, 8);
+    // Trimmed: taken (4 steps) and landed (4 steps) eight at a time.
+    st.steps = 0;
+    auto trimmed = pool.Trim();
+    ASSERT_TRUE(trimmed.ok()) << trimmed.status();
+    EXPECT_EQ(trimmed->pages_unmapped, kPages);
+    EXPECT_EQ(st.steps, 8);
+    for (const std::string& e : st.errors) ADD_FAILURE() << e;
+    st.errors.clear();
+    // The caller between the landing steps mapped FREE pages for its own
+    // Alloc(c) and left them IDLE; trimmed without it, the pool is empty.
+    st.pool = nullptr;
+    ASSERT_TRUE(pool.Trim().ok());
+    st.pool = &pool;
+    ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+    auto cap = pool.Capacity();
+    ASSERT_TRUE(cap.ok());
+    EXPECT_EQ(cap->available_blocks.value(), kPages * kPerPage);
+    EXPECT_EQ(cap->allocated_blocks.value(), 0);
+    EXPECT_EQ(cap->pages_free.value(), kPages);
+    EXPECT_EQ(host.live_handles(), 0);
+  }
+  st.pool = nullptr;
+}
+
+// Two Frees of the same ids while the first steps (the waiting rule): one
+// frees them, the other is refused with BLOCK_NOT_ALLOCATED, never both;
+// meanwhile a third thread checks the invariants between the steps.
+TEST(ConcurrentPropertyTest, TwoFreesOfTheSameIdsFreeThemOnce) {
+  constexpr int64_t kPages = 40, kPerPage = 4;
+  HostBackendOptions ho;
+  ho.device_count = 1;
+  ho.device_total = MiB(2 * 200);
+  ho.granularity = MiB(2);
+  HostBackend host(ho);
+  DeviceBudgets budgets(&host, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  ManualClock clock;
+  PoolConfig pc;
+  pc.name = "twice";
+  pc.page_size = MiB(2);
+  pc.block_bytes = Bytes(MiB(2).value() / kPerPage);
+  pc.max_blocks = kPages * kPerPage;
+  PoolOptions po;
+  po.min_idle_pages = 0;
+  po.max_idle_pages = kPages / 2;  // the rest are unmapped by the Free
+  auto pool_or = PagePool::Create(pc, &host, &budgets, &clock, po);
+  ASSERT_TRUE(pool_or.ok()) << pool_or.status();
+  PagePool& pool = **pool_or;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> bad_invariants{0};
+  std::thread checker([&] {
+    while (!stop.load()) {
+      if (!pool.CheckInvariants().ok()) ++bad_invariants;
+      auto c = pool.Capacity();
+      if (!c.ok() || c->allocated_blocks.value() > kPages * kPerPage) {
+        ++bad_invariants;
+      }
+    }
+  });
+  for (int round = 0; round < 50; ++round) {
+    AllocRequest all;
+    all.num_blocks = kPages * kPerPage;
+    auto got = pool.Alloc(all);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const std::vector<BlockId> ids = Flatten(got->pages);
+    FreeRequest back;
+    back.block_ids = ids;
+    absl::StatusOr<FreeResult> results[2];
+    std::thread a([&] { results[0] = pool.Free(back); });
+    std::thread b([&] { results[1] = pool.Free(back); });
+    a.join();
+    b.join();
+    int ok = 0;
+    for (const auto& r : results) {
+      if (r.ok()) {
+        ++ok;
+        EXPECT_EQ(r->freed_blocks, kPages * kPerPage);
+      } else {
+        EXPECT_EQ(GetReason(r.status()), FailureReason::kBlockNotAllocated)
+            << r.status();
+      }
+    }
+    EXPECT_EQ(ok, 1) << "round " << round;
+    auto cap = pool.Capacity();
+    ASSERT_TRUE(cap.ok());
+    EXPECT_EQ(cap->allocated_blocks.value(), 0);
+    ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  }
+  stop = true;
+  checker.join();
+  EXPECT_EQ(bad_invariants.load(), 0);
+  ASSERT_TRUE(pool.Shutdown(/*force=*/true).ok());
+  EXPECT_EQ(host.live_handles(), 0);
+}
+
 }  // namespace
 }  // namespace kvbroker

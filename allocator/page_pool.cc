@@ -1,6 +1,7 @@
 // PagePool: the mapping transaction, returning blocks and unmapping, mapping
-// failures, the entry points and health. Construction, shutdown and the
-// prealloc worker are in page_pool_lifecycle.cc; capacity, planning and
+// failures, the entry points and health. Free is in page_pool_free.cc;
+// construction, shutdown and the prealloc worker are in
+// page_pool_lifecycle.cc; capacity, planning and
 // limits in page_pool_capacity.cc; listeners, revocation and zeroing in
 // page_pool_engines.cc. The contract and the invariants are in page_pool.h;
 // the design in docs/design.md.
@@ -11,7 +12,6 @@
 #include <cstdio>
 #include <functional>
 
-#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/error_keys.h"
@@ -28,6 +28,15 @@ void PagePool::WithoutLock(absl::FunctionRef<void()> work)
   mu_.Unlock();
   work();
   mu_.Lock();
+}
+
+void PagePool::StepLocked() {
+  if (options_.between_steps) {
+    WithoutLock([this] { options_.between_steps(); });
+    return;
+  }
+  PublishLocked();
+  mu_.Yield();  // a call waiting for the lock goes first
 }
 
 // ---------------------------------------------------------------------------
@@ -94,21 +103,31 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
     // out (nothing can roll them back from here).
     if (failed_at == fresh.size()) announcer_.Announce(fresh);
   });
-  --calls_in_flight_;
   for (const BundleMapper::MapOutcome& m : outcomes) {
     if (m.status.ok()) stats_.map_latency.Record(m.took);
   }
   const int64_t held_mapped =
       static_cast<int64_t>(acq->blocks.size()) -
       static_cast<int64_t>(acq->from_reservation.size());
-  if (acq->owner == BlockOwner::kReserved) reserving_in_flight_ -= held_mapped;
 
   if (failed_at == fresh.size()) {
+    // Committed kStepPages pages at a time; the pages not yet committed stay
+    // in flight, and a Reserve's committed blocks count as held by the
+    // Reserve in flight until its reservation exists.
     int64_t need = acq->fresh_need;
-    for (PageId p : fresh) {
-      need -= ledger_.CommitMap(p, BlockCount(need), acq->owner, &acq->blocks)
-                  .value();
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      if (i > 0 && i % kStepPages == 0) StepLocked();
+      const int64_t taken =
+          ledger_
+              .CommitMap(fresh[i], BlockCount(need), acq->owner, &acq->blocks)
+              .value();
+      need -= taken;
+      if (acq->owner == BlockOwner::kReserved) reserving_in_flight_ += taken;
       ++stats_.pages_mapped_total;
+    }
+    --calls_in_flight_;
+    if (acq->owner == BlockOwner::kReserved) {
+      reserving_in_flight_ -= held_mapped + acq->fresh_need - need;
     }
     stats_.peak_mapped_pages =
         std::max(stats_.peak_mapped_pages, ledger_.mapped_pages().value());
@@ -125,6 +144,8 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
   // Roll back to the state before the call (the budget was uncharged
   // already): the fresh pages to the front of the FREE list, the mapped
   // pages' blocks and the reservation's blocks back.
+  --calls_in_flight_;
+  if (acq->owner == BlockOwner::kReserved) reserving_in_flight_ -= held_mapped;
   BundleMapper::MapOutcome m = outcomes[failed_at];
   if (!unwound) m.unwound = false;
   stranded_pages_ += stranded;
@@ -200,7 +221,6 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
       }
     }
   });
-  --calls_in_flight_;
   // Pages engines know stay REVOKING (unless already acknowledged); the
   // others land now.
   std::vector<Unmap> done;
@@ -215,52 +235,63 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
     }
   }
   unmaps->clear();
-  return LandUnmapsLocked(&done, log);
+  const int64_t landed = LandUnmapsLocked(&done, log);
+  --calls_in_flight_;
+  return landed;
 }
 
 int64_t PagePool::LandUnmapsLocked(std::vector<Unmap>* unmaps,
                                    std::string* log) {
-  int64_t landed = 0;
-  bool any_failed = false;
-  for (const Unmap& u : *unmaps) {
-    if (u.status.ok()) {
-      tags_.Forget(ledger_.page(u.page).begin, ledger_.page(u.page).end);
-      ledger_.FinishUnmap(u.page);
-      stats_.unmap_latency.Record(u.took);
-      ++stats_.pages_unmapped_total;
-      ++landed;
-      continue;
+  int64_t landed_total = 0;
+  bool bumped = false;
+  for (size_t begin = 0; begin < unmaps->size(); begin += kStepPages) {
+    if (begin > 0) StepLocked();
+    const size_t end = std::min(unmaps->size(), begin + kStepPages);
+    int64_t landed = 0;
+    bool any_failed = false;
+    for (size_t k = begin; k < end; ++k) {
+      const Unmap& u = (*unmaps)[k];
+      if (u.status.ok()) {
+        tags_.Forget(ledger_.page(u.page).begin, ledger_.page(u.page).end);
+        ledger_.FinishUnmap(u.page);
+        stats_.unmap_latency.Record(u.took);
+        ++stats_.pages_unmapped_total;
+        ++landed;
+        continue;
+      }
+      any_failed = true;
+      MarkFailedLocked(
+          absl::StrCat("unmapping page ", u.page,
+                       " failed: ", u.status.message()),
+          /*device_lost=*/u.status.code() == absl::StatusCode::kInternal, log);
+      ledger_.AbortUnmap(u.page);  // still mapped: kept IDLE, accounted
     }
-    any_failed = true;
-    MarkFailedLocked(
-        absl::StrCat("unmapping page ", u.page,
-                     " failed: ", u.status.message()),
-        /*device_lost=*/u.status.code() == absl::StatusCode::kInternal, log);
-    ledger_.AbortUnmap(u.page);  // still mapped: kept IDLE, accounted
+    // A page that could not leave still counts against the limit.
+    if (any_failed && ledger_.admitted_pages().value() > target_pages_) {
+      limit_state_ = LimitState::kDeferred;
+    }
+    // Another call's unmap may have failed (deferring the limit) while this
+    // call's pages were in flight to the FREE list: while over the target
+    // they are reclaimed instead, as a lowered limit would have.
+    if (limit_state_ == LimitState::kDeferred) {
+      while (ledger_.admitted_pages().value() > target_pages_ &&
+             ledger_.free_pages().value() > 0) {
+        ledger_.ReclaimFreeBack();
+      }
+      SettleLimitLocked();
+    }
+    if (landed > 0) {
+      if (!bumped) BumpGenerationLocked();  // once per call
+      bumped = true;
+      // Uncharged once the landed pages are published (docs/design.md,
+      // "Capacity without the lock").
+      PublishLocked();
+      budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), landed);
+    }
+    landed_total += landed;
   }
   unmaps->clear();
-  // A page that could not leave still counts against the limit.
-  if (any_failed && ledger_.admitted_pages().value() > target_pages_) {
-    limit_state_ = LimitState::kDeferred;
-  }
-  // Another call's unmap may have failed (deferring the limit) while this
-  // call's pages were in flight to the FREE list: while over the target
-  // they are reclaimed instead, as a lowered limit would have.
-  if (limit_state_ == LimitState::kDeferred) {
-    while (ledger_.admitted_pages().value() > target_pages_ &&
-           ledger_.free_pages().value() > 0) {
-      ledger_.ReclaimFreeBack();
-    }
-    SettleLimitLocked();
-  }
-  if (landed > 0) {
-    BumpGenerationLocked();
-    // Uncharged once the landed pages are published (docs/design.md,
-    // "Capacity without the lock").
-    PublishLocked();
-    budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), landed);
-  }
-  return landed;
+  return landed_total;
 }
 
 void PagePool::SettleLimitLocked() {
@@ -340,15 +371,6 @@ std::string AllocFingerprint(const AllocRequest& r) {
                           : "-");
 }
 
-// The ids themselves would make the fingerprint (and every remembered
-// Free) as long as the request; a 64-bit hash of them, with the count,
-// tells a retry from another request just as well within one process.
-std::string FreeFingerprint(const FreeRequest& r) {
-  return absl::StrCat(
-      "free/", r.block_ids.size(), "/",
-      absl::Hex(absl::Hash<absl::Span<const BlockId>>{}(r.block_ids)));
-}
-
 std::string ReserveFingerprint(const ReserveRequest& r) {
   return absl::StrCat("reserve/", r.num_blocks, "/",
                       absl::ToInt64Nanoseconds(r.ttl));
@@ -363,7 +385,7 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
   // the lock is released.
   std::vector<BlockId> ungrouped;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     std::vector<Unmap> unmaps;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
@@ -419,8 +441,8 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
         if (!s.ok()) return s;
       }
       if (!request.holder.empty()) {
-        KVB_RETURN_IF_ERROR(ZeroForHolderLocked(request.holder, &acq, id,
-                                                &unmaps, &epi.log));
+        KVB_RETURN_IF_ERROR(
+            ZeroForHolderLocked(request.holder, &acq, id, &unmaps, &epi.log));
       }
       AllocResult out;
       out.pages_mapped = plan->new_pages;
@@ -453,7 +475,7 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
   Epilogue epi;
   absl::StatusOr<ReservationInfo> result;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     std::vector<Unmap> unmaps;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
@@ -509,119 +531,12 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
   return result;
 }
 
-absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
-  Epilogue epi;
-  absl::StatusOr<FreeResult> result;
-  {
-    absl::MutexLock lock(&mu_);
-    epi.before = generation_;
-    result =
-        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
-      if (shut_down_) return CheckUsableLocked(Counted::kYes);
-      const std::string& id = request.request_id;
-      const std::string fingerprint =
-          id.empty() ? "" : FreeFingerprint(request);
-      ExpireLocked(&epi.log);
-      AwaitNotPendingLocked(id);
-      if (std::optional<absl::StatusOr<FreeResult>> replay =
-              ReplayLocked<FreeResult>(id, fingerprint)) {
-        return *std::move(replay);
-      }
-      // Validate everything before changing anything.
-      // Ids as Alloc handed them out are already ascending: no copy then.
-      // One pass when they are strictly ascending (sorted, no repeat).
-      std::vector<BlockId> sorted_copy;
-      absl::Span<const BlockId> ascending = request.block_ids;
-      auto dup = std::adjacent_find(ascending.begin(), ascending.end(),
-                                    std::greater_equal<BlockId>());
-      if (dup != ascending.end()) {
-        sorted_copy.assign(ascending.begin(), ascending.end());
-        std::sort(sorted_copy.begin(), sorted_copy.end());
-        ascending = sorted_copy;
-        dup = std::adjacent_find(ascending.begin(), ascending.end());
-      }
-      if (dup != ascending.end()) {
-        return RefuseLocked(
-            Counted::kYes, FailureReason::kInvalidArgument,
-            absl::StrCat("block ", *dup, " is named more than once"),
-            {{std::string(error_key::kField), "block_ids"},
-             {std::string(error_key::kBlockId), Num(*dup)}},
-            {{"block_ids",
-              absl::StrCat("block ", *dup, " is named more than once")}});
-      }
-      std::vector<BlockId> not_allocated, in_reservation;
-      for (BlockId b : request.block_ids) {
-        const BlockOwner o = b < 0 || b >= geometry_.max_blocks()
-                                 ? BlockOwner::kNone
-                                 : ledger_.owner(b);
-        if (o != BlockOwner::kAllocated && o != BlockOwner::kReserved) {
-          not_allocated.push_back(b);
-        } else if (o == BlockOwner::kReserved) {
-          in_reservation.push_back(b);
-        }
-      }
-      auto first_ids = [](const std::vector<BlockId>& ids) {
-        std::vector<BlockId> head(
-            ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 16));
-        return absl::StrJoin(head, ",");
-      };
-      if (!not_allocated.empty()) {
-        return RefuseLocked(
-            Counted::kYes, FailureReason::kBlockNotAllocated,
-            absl::StrCat(not_allocated.size(), " of ", request.block_ids.size(),
-                         " blocks are not allocated (first: ",
-                         not_allocated.front(), "); nothing was freed"),
-            {{std::string(error_key::kPool), name()},
-             {std::string(error_key::kBlockId), Num(not_allocated.front())},
-             {std::string(error_key::kBlockIds), first_ids(not_allocated)},
-             {std::string(error_key::kNotAllocatedBlocks),
-              Num(not_allocated.size())},
-             {std::string(error_key::kRequestedBlocks),
-              Num(request.block_ids.size())}});
-      }
-      if (!in_reservation.empty()) {
-        return RefuseLocked(
-            Counted::kYes, FailureReason::kBlockInReservation,
-            absl::StrCat(in_reservation.size(),
-                         " blocks are held by a reservation (first: ",
-                         in_reservation.front(),
-                         "); release the reservation instead; nothing was "
-                         "freed"),
-            {{std::string(error_key::kPool), name()},
-             {std::string(error_key::kBlockId), Num(in_reservation.front())},
-             {std::string(error_key::kBlockIds), first_ids(in_reservation)},
-             {std::string(error_key::kReservedBlocksNamed),
-              Num(in_reservation.size())}});
-      }
-      FreeResult out;
-      std::vector<Unmap> unmaps;
-      ReturnBlocksLocked(ascending, &unmaps);
-      out.freed_blocks = static_cast<int64_t>(ascending.size());
-      stats_.blocks_freed_total += out.freed_blocks;
-      if (out.freed_blocks > 0) BumpGenerationLocked();
-      if (!unmaps.empty()) {
-        if (!id.empty()) remembered_.MarkPending(id);
-        out.pages_unmapped = CompleteUnmapsLocked(&unmaps, &epi.log);
-        if (!id.empty()) remembered_.ClearPending(id);
-      }
-      out.generation = generation_;
-      if (!id.empty()) RememberLocked(id, fingerprint, out);
-      return out;
-    }();
-    ++stats_.free_calls;
-    if (result.ok()) ++stats_.outcomes[0];
-    CloseLocked(&epi);
-  }
-  RunEpilogue(epi);
-  return result;
-}
-
 absl::StatusOr<ReleaseResult> PagePool::ReleaseReservation(
     const std::string& reservation_id) {
   Epilogue epi;
   absl::StatusOr<ReleaseResult> result;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<ReleaseResult> {
@@ -686,7 +601,7 @@ void PagePool::ExpireLocked(std::string* log) {
 void PagePool::ExpireReservations() {
   Epilogue epi;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     if (!shut_down_) ExpireLocked(&epi.log);
     CloseLocked(&epi);
@@ -731,6 +646,11 @@ std::optional<absl::StatusOr<T>> PagePool::ReplayLocked(
   replay.replayed = true;
   return absl::StatusOr<T>(std::move(replay));
 }
+
+// Free (page_pool_free.cc) replays through the same template.
+template std::optional<absl::StatusOr<FreeResult>>
+PagePool::ReplayLocked<FreeResult>(const std::string& request_id,
+                                   const std::string& fingerprint);
 
 void PagePool::RememberLocked(const std::string& request_id,
                               std::string fingerprint,
@@ -820,17 +740,17 @@ uint64_t PagePool::generation() const {
 bool PagePool::healthy() const { return published_.Read().failed == 0; }
 
 bool PagePool::device_lost() const {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   return device_lost_;
 }
 
 PoolStats PagePool::Stats() const {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   return stats_;
 }
 
 absl::Status PagePool::CheckInvariants() const {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   return CheckInvariantsLocked();
 }
 
@@ -854,6 +774,23 @@ absl::Status PagePool::CheckInvariantsLocked() const {
   if (reservations_.total_blocks() + reserving_in_flight_ !=
       ledger_.reserved().value()) {
     return fail("reservation totals");
+  }
+  int64_t freeing = 0;
+  for (size_t w = 0; w < freeing_.size(); ++w) {
+    for (uint64_t bits = freeing_[w]; bits != 0; bits &= bits - 1) {
+      const BlockId b = static_cast<BlockId>(w * 64 + __builtin_ctzll(bits));
+      if (b >= geometry_.max_blocks() ||
+          ledger_.owner(b) != BlockOwner::kAllocated) {
+        return fail("block ", b, " is being freed but not allocated");
+      }
+      ++freeing;
+    }
+  }
+  if (freeing != freeing_blocks_) {
+    return fail(freeing, " blocks being freed, counted ", freeing_blocks_);
+  }
+  if (calls_in_flight_ == 0 && freeing_blocks_ > 0) {
+    return fail(freeing_blocks_, " blocks being freed with no call in flight");
   }
   for (const auto& [p, leaving] : revoking_) {
     if (ledger_.page(p).state != PageState::kMapping) {

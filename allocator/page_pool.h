@@ -41,7 +41,8 @@
 //   while mu_ is free: published_ holds CountersLocked() (every release of
 //     mu_ publishes first: CloseLocked, WithoutLock, before each Await).
 //
-// Locking: one absl::Mutex, mu_, guards all mutable state. No backend call,
+// Locking: one lock, mu_ (a SpinThenLock: spins, bounded, then parks in an
+// absl::Mutex), guards all mutable state. No backend call,
 // driver query or log line runs under it. A call that must map or unmap
 // takes its pages under the lock (they become MAPPING: in flight), drops
 // the lock in one helper, WithoutLock, for the driver calls, and retakes it
@@ -82,6 +83,7 @@
 #include "allocator/pool_types.h"
 #include "allocator/published_counters.h"
 #include "allocator/reservation_table.h"
+#include "allocator/spin_then_lock.h"
 #include "allocator/stats.h"
 #include "allocator/units.h"
 
@@ -297,6 +299,15 @@ class PagePool {
   // member (clang checks it: the lambda is analysed without the lock).
   void WithoutLock(absl::FunctionRef<void()> work)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Between two steps of a long locked walk (docs/design.md, "Bounded lock
+  // hold"): publishes, lets a waiting call take the lock, and retakes it.
+  // The caller holds calls_in_flight_ while it steps, so that a limit or a
+  // shutdown waits for it, and leaves every invariant true.
+  void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // A locked walk (pages committed, landed or unmapped, blocks validated or
+  // returned) covers at most this many pages between two StepLocked.
+  static constexpr size_t kStepPages = 8;
 
   // --- refusals ---
   // Whether a refusal is counted in PoolStats::outcomes: yes in Alloc, Free
@@ -360,13 +371,30 @@ class PagePool {
   // blocks a redeemed reservation gave go back to it (at its front, as
   // before the call), the others to the pool (acq->blocks is cleared), and
   // the typed error is returned.
-  absl::Status ZeroForHolderLocked(const std::string& holder,
-                                   Acquisition* acq,
+  absl::Status ZeroForHolderLocked(const std::string& holder, Acquisition* acq,
                                    const std::string& request_id,
                                    std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Zeroes `ascending` blocks on every device (backend calls; no lock).
   absl::Status ZeroBlocks(absl::Span<const BlockId> ascending) const;
+
+  // --- Free in steps (docs/design.md, "Bounded lock hold") ---
+  // A Free whose ids span more than kStepPages pages marks them as being
+  // freed while it validates them, step by step, then returns them step by
+  // step. Marked blocks still count as allocated; no other Free may name
+  // them: one that does waits until they are no longer marked (the waiting
+  // rule), so two Frees of the same ids never both succeed.
+  bool FreeingLocked(BlockId b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (freeing_[b >> 6] >> (b & 63)) & 1;
+  }
+  void MarkFreeingLocked(absl::Span<const BlockId> ids, bool on)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (releasing mu_) until block b is not marked.
+  void AwaitNotFreeingLocked(BlockId b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The refusal for ids that are not all allocated (walks every id in the
+  // request's order), or OK.
+  absl::Status CheckFreeLocked(absl::Span<const BlockId> ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- returning blocks and unmapping ---
   // Returns blocks (ascending) and files each emptied page: IDLE, or in
@@ -464,7 +492,7 @@ class PagePool {
   PageAnnouncer announcer_;
 
   // ---- guarded by mu_ ----
-  mutable absl::Mutex mu_;
+  mutable SpinThenLock mu_;
   // Written under mu_ (PublishLocked), read by anyone without it; on cache
   // lines of its own (seqlock.h), apart from mu_ and the fields below.
   PublishedCounters published_;
@@ -492,6 +520,10 @@ class PagePool {
   // charged and keep the ranges reserved until every engine told
   // acknowledged or left (UnmapRevoked); indexed by page id.
   std::vector<bool> engines_hold_ ABSL_GUARDED_BY(mu_);
+  // Bit b set <=> block b is allocated and a stepped Free in flight is
+  // freeing it; freeing_blocks_ counts the set bits.
+  std::vector<uint64_t> freeing_ ABSL_GUARDED_BY(mu_);
+  int64_t freeing_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   // Blocks held as reserved by a Reserve in flight (no reservation yet).
   int64_t reserving_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no

@@ -190,7 +190,7 @@ absl::StatusOr<CapacitySnapshot> PagePool::Capacity(
   std::string log;
   absl::StatusOr<CapacitySnapshot> c;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     c = CapacityLocked(query, &log);
     PublishLocked();  // reservations may have expired
   }
@@ -357,7 +357,7 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
   Epilogue epi;
   absl::StatusOr<LimitResult> result;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     result = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                  mu_) -> absl::StatusOr<LimitResult> {
@@ -441,21 +441,28 @@ absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
   Epilogue epi;
   absl::StatusOr<TrimResult> result;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
     result =
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<TrimResult> {
       KVB_RETURN_IF_ERROR(CheckUsableLocked());
       std::vector<Unmap> unmaps;
+      // kStepPages pages at a time; the pages taken so far are in flight.
+      ++calls_in_flight_;
       while (
           ledger_.idle_pages_listed().value() > 0 &&
           (max_pages <= 0 || static_cast<int64_t>(unmaps.size()) < max_pages)) {
+        if (!unmaps.empty() && unmaps.size() % kStepPages == 0) {
+          StepLocked();
+          if (failed_) break;
+        }
         const PageId p = ledger_.idle_list().front();
         ledger_.BeginUnmap(p, Landing::kFreeBack);
         unmaps.push_back({p});
       }
       TrimResult out;
       out.pages_unmapped = CompleteUnmapsLocked(&unmaps, &epi.log);
+      --calls_in_flight_;
       if (failed_) return CheckUsableLocked();
       out.generation = generation_;
       return out;
@@ -468,7 +475,7 @@ absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
 
 absl::StatusOr<std::vector<PageOccupancy>> PagePool::GetPageOccupancy(
     const std::vector<PageId>& page_ids) {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   if (shut_down_) return CheckUsableLocked();
   const int64_t T = geometry_.page_count().value();
   std::vector<PageOccupancy> out;

@@ -85,7 +85,7 @@ void PagePool::UnmapRevoked(const std::vector<PageId>& pages) {
   if (pages.empty()) return;
   Epilogue epi;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     if (shut_down_) {
       bool let_go = false;
       for (PageId p : pages) {
@@ -108,8 +108,8 @@ void PagePool::UnmapRevoked(const std::vector<PageId>& pages) {
       WithoutLock([&] {
         for (Unmap& u : unmaps) u.status = mapper_.Unmap(u.page, &u.took);
       });
-      --calls_in_flight_;
       LandUnmapsLocked(&unmaps, &epi.log);
+      --calls_in_flight_;
       SettleLimitLocked();
       // A limit raised while they were leaving may have room for them.
       if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();

@@ -28,8 +28,9 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       tags_(geometry_.max_blocks()),
       reservations_(options_.expired_reservations_remembered),
       remembered_(options_.idempotency_window, options_.idempotency_capacity) {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   generation_ = options_.initial_generation;
+  freeing_.assign((geometry_.max_blocks() + 63) / 64, 0);
   target_pages_ = geometry_.page_count().value();
   PublishLocked();
 }
@@ -76,7 +77,7 @@ absl::Status PagePool::Init() {
   Epilogue epi;
   absl::Status result;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     target_pages_ = g.page_count().value();
     if (g.config().reserve_null_block) {
       // Block 0 lives on page 0 (B <= P), the front of the FREE list; it is
@@ -122,7 +123,7 @@ PagePool::~PagePool() {
   {
     // No listener is left (each holds the pool while registered); pages
     // still kept for engines go with the rest.
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     engines_hold_.clear();
     ReleaseLeftoversLocked();
   }
@@ -135,7 +136,7 @@ PagePool::~PagePool() {
 }
 
 absl::Status PagePool::Shutdown(bool force) {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   if (shut_down_) return absl::OkStatus();
   const int64_t allocated = ledger_.allocated().value();
   const int64_t reserved = ledger_.reserved().value();
@@ -193,7 +194,7 @@ absl::Status PagePool::Shutdown(bool force) {
 }
 
 int64_t PagePool::ReleaseLeftovers() {
-  absl::MutexLock lock(&mu_);
+  SpinThenLockGuard lock(&mu_);
   if (!shut_down_) return 0;
   return ReleaseLeftoversLocked();
 }
@@ -232,7 +233,7 @@ bool PagePool::PreallocStep() {
   Epilogue epi;
   bool more = false;
   {
-    absl::MutexLock lock(&mu_);
+    SpinThenLockGuard lock(&mu_);
     if (!NeedsPreallocLocked()) return false;
     if (!budgets_->TryCharge(geometry_.devices(), geometry_.bundle_bytes(),
                              1)) {

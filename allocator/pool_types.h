@@ -193,6 +193,11 @@ struct PoolOptions {
   // How long engines have to acknowledge a revocation (PageListener) before
   // its pages count as QUARANTINED.
   absl::Duration revoke_timeout = absl::Seconds(10);
+  // For tests: called without the pool lock between two steps of a long
+  // locked walk (docs/design.md, "Bounded lock hold"), on the stepping
+  // call's thread. It may call into the pool, except to name the blocks of
+  // a Free that is stepping (that would wait for itself).
+  std::function<void()> between_steps;
 };
 
 }  // namespace kvbroker

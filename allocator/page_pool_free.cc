@@ -1,0 +1,252 @@
+// PagePool: Free, in steps of at most PagePool::kStepPages pages when its
+// ids span more (docs/design.md, "Bounded lock hold"), and the waiting rule
+// that keeps two Frees of the same ids from both succeeding. Part of the
+// page_pool target; the contract is in page_pool.h.
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "allocator/page_pool.h"
+#include "common/error_keys.h"
+
+namespace kvbroker {
+
+namespace {
+
+// The ids themselves would make the fingerprint (and every remembered
+// Free) as long as the request; a 64-bit hash of them, with the count,
+// tells a retry from another request just as well within one process.
+std::string FreeFingerprint(const FreeRequest& r) {
+  return absl::StrCat(
+      "free/", r.block_ids.size(), "/",
+      absl::Hex(absl::Hash<absl::Span<const BlockId>>{}(r.block_ids)));
+}
+
+}  // namespace
+
+absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
+  Epilogue epi;
+  absl::StatusOr<FreeResult> result;
+  // Ordering the ids, finding a repeat and cutting them into steps need no
+  // pool state. Ids as Alloc handed them out are already ascending: no copy
+  // then. One pass when they are strictly ascending (sorted, no repeat).
+  std::vector<BlockId> sorted_copy;
+  absl::Span<const BlockId> ascending = request.block_ids;
+  auto dup = std::adjacent_find(ascending.begin(), ascending.end(),
+                                std::greater_equal<BlockId>());
+  if (dup != ascending.end()) {
+    sorted_copy.assign(ascending.begin(), ascending.end());
+    std::sort(sorted_copy.begin(), sorted_copy.end());
+    ascending = sorted_copy;
+    dup = std::adjacent_find(ascending.begin(), ascending.end());
+  }
+  const bool repeated = dup != ascending.end();
+  const BlockId repeated_id = repeated ? *dup : 0;
+  const int64_t max_blocks = geometry_.max_blocks();
+  // Step k covers ascending[cuts[k], cuts[k + 1]): ids on at most
+  // kStepPages pages (docs/design.md, "Bounded lock hold").
+  std::vector<size_t> cuts = {0};
+  if (!repeated && ascending.size() > kStepPages) {
+    PageId last = -1;
+    size_t pages = 0;
+    for (size_t i = 0; i < ascending.size(); ++i) {
+      const BlockId b = ascending[i];
+      if (b < 0 || b >= max_blocks) continue;  // refused below
+      const PageId p = geometry_.page_of(b);
+      if (p == last) continue;
+      last = p;
+      if (++pages > kStepPages) {
+        cuts.push_back(i);
+        pages = 1;
+      }
+    }
+  }
+  cuts.push_back(ascending.size());
+  const size_t steps = cuts.size() - 1;
+  auto step_ids = [&](size_t k) {
+    return ascending.subspan(cuts[k], cuts[k + 1] - cuts[k]);
+  };
+  {
+    SpinThenLockGuard lock(&mu_);
+    epi.before = generation_;
+    result =
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
+      if (shut_down_) return CheckUsableLocked(Counted::kYes);
+      const std::string& id = request.request_id;
+      const std::string fingerprint =
+          id.empty() ? "" : FreeFingerprint(request);
+      ExpireLocked(&epi.log);
+      AwaitNotPendingLocked(id);
+      if (std::optional<absl::StatusOr<FreeResult>> replay =
+              ReplayLocked<FreeResult>(id, fingerprint)) {
+        return *std::move(replay);
+      }
+      if (repeated) {
+        return RefuseLocked(
+            Counted::kYes, FailureReason::kInvalidArgument,
+            absl::StrCat("block ", repeated_id, " is named more than once"),
+            {{std::string(error_key::kField), "block_ids"},
+             {std::string(error_key::kBlockId), Num(repeated_id)}},
+            {{"block_ids", absl::StrCat("block ", repeated_id,
+                                        " is named more than once")}});
+      }
+      // Validate everything before changing anything. A Free of one step
+      // checks its ids in one pass; a longer one marks them step by step.
+      // Either way an id another Free is freeing is waited for (the
+      // waiting rule), after dropping this call's marks, and the walk starts
+      // again.
+      const bool stepped = steps > 1;
+      if (stepped) {
+        ++calls_in_flight_;
+        if (!id.empty()) remembered_.MarkPending(id);
+      }
+      auto done_stepping = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (!stepped) return;
+        if (!id.empty()) remembered_.ClearPending(id);
+        --calls_in_flight_;
+      };
+      for (;;) {
+        size_t marked = 0;
+        BlockId busy = -1;
+        bool valid = true;
+        for (size_t k = 0; k < steps && valid && busy < 0; ++k) {
+          if (k > 0) StepLocked();
+          for (BlockId b : step_ids(k)) {
+            if (b < 0 || b >= max_blocks ||
+                ledger_.owner(b) != BlockOwner::kAllocated) {
+              valid = false;
+              break;
+            }
+            if (freeing_blocks_ > 0 && FreeingLocked(b)) {
+              busy = b;
+              break;
+            }
+            if (stepped) {
+              MarkFreeingLocked(absl::MakeConstSpan(&b, 1), true);
+              ++marked;
+            }
+          }
+        }
+        if (busy >= 0 || !valid) {
+          MarkFreeingLocked(ascending.subspan(0, marked), false);
+        }
+        if (busy >= 0) {
+          AwaitNotFreeingLocked(busy);
+          continue;
+        }
+        if (!valid) {
+          absl::Status refusal = CheckFreeLocked(request.block_ids);
+          if (refusal.ok()) continue;  // changed meanwhile: walk again
+          done_stepping();
+          return refusal;
+        }
+        break;  // a stepped Free has marked every id
+      }
+      FreeResult out;
+      std::vector<Unmap> unmaps;
+      for (size_t k = 0; k < steps; ++k) {
+        if (k > 0) StepLocked();
+        if (stepped) MarkFreeingLocked(step_ids(k), false);
+        ReturnBlocksLocked(step_ids(k), &unmaps);
+        if (k == 0 && !ascending.empty()) BumpGenerationLocked();
+      }
+      out.freed_blocks = static_cast<int64_t>(ascending.size());
+      stats_.blocks_freed_total += out.freed_blocks;
+      if (!unmaps.empty()) {
+        if (!id.empty() && !stepped) remembered_.MarkPending(id);
+        out.pages_unmapped = CompleteUnmapsLocked(&unmaps, &epi.log);
+        if (!id.empty() && !stepped) remembered_.ClearPending(id);
+      }
+      done_stepping();
+      out.generation = generation_;
+      if (!id.empty()) RememberLocked(id, fingerprint, out);
+      return out;
+    }();
+    ++stats_.free_calls;
+    if (result.ok()) ++stats_.outcomes[0];
+    CloseLocked(&epi);
+  }
+  RunEpilogue(epi);
+  return result;
+}
+
+void PagePool::MarkFreeingLocked(absl::Span<const BlockId> ids, bool on) {
+  for (BlockId b : ids) {
+    const uint64_t bit = uint64_t{1} << (b & 63);
+    if (on) {
+      freeing_[b >> 6] |= bit;
+    } else {
+      freeing_[b >> 6] &= ~bit;
+    }
+  }
+  freeing_blocks_ += (on ? 1 : -1) * static_cast<int64_t>(ids.size());
+}
+
+void PagePool::AwaitNotFreeingLocked(BlockId b) {
+  struct Args {
+    const std::vector<uint64_t>* bits;
+    BlockId b;
+  };
+  // Evaluated with mu_ held (Await's conditions are).
+  Args args{&freeing_, b};
+  PublishLocked();
+  mu_.Await(absl::Condition(
+      +[](Args* a) {
+        return (((*a->bits)[a->b >> 6] >> (a->b & 63)) & 1) == 0;
+      },
+      &args));
+}
+
+absl::Status PagePool::CheckFreeLocked(absl::Span<const BlockId> ids) {
+  std::vector<BlockId> not_allocated, in_reservation;
+  for (BlockId b : ids) {
+    const BlockOwner o = b < 0 || b >= geometry_.max_blocks()
+                             ? BlockOwner::kNone
+                             : ledger_.owner(b);
+    if (o != BlockOwner::kAllocated && o != BlockOwner::kReserved) {
+      not_allocated.push_back(b);
+    } else if (o == BlockOwner::kReserved) {
+      in_reservation.push_back(b);
+    }
+  }
+  auto first_ids = [](const std::vector<BlockId>& v) {
+    std::vector<BlockId> head(v.begin(),
+                              v.begin() + std::min<size_t>(v.size(), 16));
+    return absl::StrJoin(head, ",");
+  };
+  if (!not_allocated.empty()) {
+    return RefuseLocked(
+        Counted::kYes, FailureReason::kBlockNotAllocated,
+        absl::StrCat(not_allocated.size(), " of ", ids.size(),
+                     " blocks are not allocated (first: ",
+                     not_allocated.front(), "); nothing was freed"),
+        {{std::string(error_key::kPool), name()},
+         {std::string(error_key::kBlockId), Num(not_allocated.front())},
+         {std::string(error_key::kBlockIds), first_ids(not_allocated)},
+         {std::string(error_key::kNotAllocatedBlocks),
+          Num(not_allocated.size())},
+         {std::string(error_key::kRequestedBlocks), Num(ids.size())}});
+  }
+  if (!in_reservation.empty()) {
+    return RefuseLocked(
+        Counted::kYes, FailureReason::kBlockInReservation,
+        absl::StrCat(in_reservation.size(),
+                     " blocks are held by a reservation (first: ",
+                     in_reservation.front(),
+                     "); release the reservation instead; nothing was "
+                     "freed"),
+        {{std::string(error_key::kPool), name()},
+         {std::string(error_key::kBlockId), Num(in_reservation.front())},
+         {std::string(error_key::kBlockIds), first_ids(in_reservation)},
+         {std::string(error_key::kReservedBlocksNamed),
+          Num(in_reservation.size())}});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvbroker
