@@ -38,6 +38,10 @@ DaemonProcess::DaemonProcess(const std::vector<std::string>& args) {
   }
   std::string binary = Binary();
   std::vector<std::string> copy = args;
+  // tests/server_test.bzl: the mode of the test's daemons.
+  if (const char* threading = std::getenv("KVB_TEST_SERVER_THREADING")) {
+    copy.push_back(absl::StrCat("--server_threading=", threading));
+  }
   std::vector<char*> argv = {binary.data()};
   for (std::string& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);

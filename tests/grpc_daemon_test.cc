@@ -540,6 +540,7 @@ class Kvbrokerd {
     std::string binary = Binary();
     argv.push_back(binary.data());
     std::vector<std::string> copy = args;
+    copy.push_back(TestServerThreadingFlag());
     for (std::string& a : copy) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_ = fork();
