@@ -511,7 +511,7 @@ int Main() {
     qps_allocfree.push_back(2 * Qps(allocfree_async, inflight, secs));
   }
 
-  std::printf(
+  absl::PrintF(
       "\nrpc_bench over %s, server_threading=%s%s, %d calls x %d rounds per "
       "phase, each call interleaved with a ping\n",
       unix ? "a Unix socket" : "loopback TCP",
