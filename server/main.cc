@@ -116,9 +116,10 @@ ABSL_FLAG(std::string, server_threading, "callback",
           "How KvBroker calls reach their handlers: 'callback' (gRPC's "
           "callback API on gRPC's threads) or 'poller' (one completion "
           "queue polled by --poller_workers threads, each call handled on "
-          "the thread that took it off the queue: fewer thread hand-offs, "
-          "less CPU per call). WatchCapacity uses the callback API in both; "
-          "answers, access, bounds and drain are the same.");
+          "the thread that took it off the queue). Answers, access, bounds "
+          "and drain are the same; WatchCapacity, health and reflection use "
+          "the callback API in both, whose threads keep polling, so the "
+          "poller saves little today (docs/hardening.md, Threading).");
 ABSL_FLAG(int, poller_workers, 2,
           "--server_threading=poller: worker threads (at least 1), the most "
           "calls that run at once; an Alloc that maps pages holds one until "
@@ -227,11 +228,11 @@ absl::Status CheckFlags() {
   if (absl::GetFlag(FLAGS_drain_timeout) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout must not be negative");
   }
-  if (absl::Status s =
-          ParseServerThreading(absl::GetFlag(FLAGS_server_threading)).status();
-      !s.ok()) {
+  if (const std::string threading = absl::GetFlag(FLAGS_server_threading);
+      !ParseServerThreading(threading).ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--server_threading: ", s.message()));
+        absl::StrCat("--server_threading must be callback or poller, not \"",
+                     CallerText(threading), "\""));
   }
   if (absl::GetFlag(FLAGS_poller_workers) < 1) {
     return absl::InvalidArgumentError("--poller_workers must be at least 1");
