@@ -19,6 +19,9 @@
 //
 //   bazel run -c opt //bench:extender_bench -- --rounds=10 --calls=200
 //
+// --server_threading=callback|poller and --poller_workers are passed to
+// every broker (kvbrokerd's flags).
+//
 // To hold everything (brokers, extender, client) to two cores of a larger
 // host: `taskset -c 0,1 bazel-bin/bench/extender_bench` (the brokers are
 // children and inherit the affinity).
@@ -58,6 +61,9 @@
 
 ABSL_FLAG(int, rounds, 10, "Rounds; medians over rounds are reported.");
 ABSL_FLAG(int, calls, 200, "Calls of each kind per round.");
+ABSL_FLAG(std::string, server_threading, "callback",
+          "The brokers' --server_threading: callback or poller.");
+ABSL_FLAG(int, poller_workers, 2, "The brokers' --poller_workers.");
 
 namespace kvbroker {
 namespace extender {
@@ -150,7 +156,11 @@ int Run() {
   std::vector<std::string> nodes;
   for (int i = 0; i < kMaxNodes; ++i) {
     auto b = testing::BrokerProcess::Start(
-        kPools, {"--max_idle_pages=0", "--host_device_memory=1GiB"});
+        kPools, {"--max_idle_pages=0", "--host_device_memory=1GiB",
+                 absl::StrCat("--server_threading=",
+                              absl::GetFlag(FLAGS_server_threading)),
+                 absl::StrCat("--poller_workers=",
+                              absl::GetFlag(FLAGS_poller_workers))});
     if (!b.ok()) Die(b.status().ToString());
     nodes.push_back(absl::StrCat("node-", i));
     api.AddBroker(nodes.back(), (*b)->port());
@@ -329,8 +339,11 @@ int Run() {
   curl_slist_free_all(headers);
   curl_easy_cleanup(curl);
 
-  std::printf("\n%d rounds x %d calls; medians over rounds\n",
-              absl::GetFlag(FLAGS_rounds), n);
+  std::printf(
+      "\nbrokers: --server_threading=%s --poller_workers=%d; %d rounds x %d "
+      "calls; medians over rounds\n",
+      absl::GetFlag(FLAGS_server_threading).c_str(),
+      absl::GetFlag(FLAGS_poller_workers), absl::GetFlag(FLAGS_rounds), n);
   std::printf("%-28s %10s %10s %12s %12s\n", "call", "p50 us", "p99 us",
               "p50/Capacity", "p99/Capacity");
   for (const Series& s : series) {

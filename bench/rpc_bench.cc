@@ -8,6 +8,11 @@
 // Alloc+Free. Targets: p50 <= 1.10 x ping, p99 <= 1.20 x ping, QPS >= 0.9 x
 // ping.
 //
+// --server_threading=callback|poller (and --poller_workers): how the daemon
+// serves its calls (server/daemon.h). The ping is served the same way as
+// the KvBroker calls: a callback service, or a raw method of the poller
+// (parsed and answered inline on a worker, like every KvBroker method).
+//
 // --mode=watchers: Alloc(16)+Free throughput on one pool (QPS phase, same
 // calls in flight) with --watchers WatchCapacity streams of that pool open,
 // against the same with none, alternating within one run. The watchers are
@@ -33,6 +38,7 @@
 #include "bench/proto/ping.grpc.pb.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "server/daemon.h"
+#include "server/unary_poller.h"
 
 ABSL_FLAG(int, calls, 3000, "sequential calls per phase per round");
 ABSL_FLAG(int, rounds, 7, "rounds of the latency phases");
@@ -48,6 +54,9 @@ ABSL_FLAG(double, watch_offers_per_second, -1,
           "the daemon's watch fan-out budget; -1: its default");
 ABSL_FLAG(int, watch_interval_ms, -1,
           "the daemon's watch notifier interval; -1: its default");
+ABSL_FLAG(std::string, server_threading, "callback",
+          "callback or poller (kvbrokerd --server_threading)");
+ABSL_FLAG(int, poller_workers, 2, "poller mode: worker threads");
 
 namespace kvbroker {
 namespace {
@@ -62,6 +71,38 @@ class PingService final : public bench::Ping::CallbackService {
     auto* r = ctx->DefaultReactor();
     r->Finish(grpc::Status::OK);
     return r;
+  }
+};
+
+// The ping of the poller mode: a raw method the daemon's poller serves.
+class RawPingService final
+    : public bench::Ping::WithRawMethod_Ping<bench::Ping::Service> {
+ public:
+  UnaryPoller::Method Method() {
+    UnaryPoller::Method m;
+    m.name = "/kvbroker.bench.Ping/Ping";
+    m.request = [this](grpc::ServerContext* ctx, grpc::ByteBuffer* request,
+                       UnaryPoller::Writer* writer,
+                       grpc::ServerCompletionQueue* cq, void* tag) {
+      RequestPing(ctx, request, writer, cq, cq, tag);
+    };
+    m.handle = [](grpc::ServerContext* /*ctx*/, grpc::ByteBuffer* in,
+                  grpc::ByteBuffer* out) {
+      bench::PingRequest request;
+      if (!grpc::SerializationTraits<bench::PingRequest>::Deserialize(in,
+                                                                      &request)
+               .ok()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "ping");
+      }
+      bench::PingResponse response;
+      if (request.reply_bytes() > 0) {
+        response.set_pad(std::string(request.reply_bytes(), 'x'));
+      }
+      bool own;
+      return grpc::SerializationTraits<bench::PingResponse>::Serialize(
+          response, out, &own);
+    };
+    return m;
   }
 };
 
@@ -262,8 +303,19 @@ int Main() {
   std::string sock = absl::StrFormat("/tmp/kvb-rpc-bench-%d.sock", getpid());
   dopt.listen = unix ? "" : "127.0.0.1:0";
   dopt.unix_socket = unix ? sock : "";
+  absl::StatusOr<ServerThreading> threading =
+      ParseServerThreading(absl::GetFlag(FLAGS_server_threading));
+  if (!threading.ok()) Die(threading.status().ToString());
+  dopt.threading = *threading;
+  dopt.poller_workers = absl::GetFlag(FLAGS_poller_workers);
   PingService ping_service;
-  dopt.extra_services.push_back(&ping_service);
+  RawPingService raw_ping_service;
+  if (dopt.threading == ServerThreading::kPoller) {
+    dopt.extra_services.push_back(&raw_ping_service);
+    dopt.extra_poller_methods.push_back(raw_ping_service.Method());
+  } else {
+    dopt.extra_services.push_back(&ping_service);
+  }
   if (const int ms = absl::GetFlag(FLAGS_watch_interval_ms); ms >= 0) {
     dopt.watch.min_interval = absl::Milliseconds(ms);
   }
@@ -459,10 +511,15 @@ int Main() {
     qps_allocfree.push_back(2 * Qps(allocfree_async, inflight, secs));
   }
 
-  std::printf(
-      "\nrpc_bench over %s, %d calls x %d rounds per phase, each "
-      "call interleaved with a ping\n",
-      unix ? "a Unix socket" : "loopback TCP", n, absl::GetFlag(FLAGS_rounds));
+  absl::PrintF(
+      "\nrpc_bench over %s, server_threading=%s%s, %d calls x %d rounds per "
+      "phase, each call interleaved with a ping\n",
+      unix ? "a Unix socket" : "loopback TCP",
+      ServerThreadingName(dopt.threading),
+      dopt.threading == ServerThreading::kPoller
+          ? absl::StrFormat(" (%d workers)", dopt.poller_workers)
+          : "",
+      n, absl::GetFlag(FLAGS_rounds));
   std::printf("%-12s %9s %9s %9s %9s %11s %11s\n", "rpc", "p50 us", "p99 us",
               "ping p50", "ping p99", "p50/ping", "p99/ping");
   for (Series& s : series) {

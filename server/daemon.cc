@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -42,6 +43,18 @@ std::string WithPort(const std::string& listen, int port) {
 
 }  // namespace
 
+absl::StatusOr<ServerThreading> ParseServerThreading(absl::string_view name) {
+  if (name == "callback") return ServerThreading::kCallback;
+  if (name == "poller") return ServerThreading::kPoller;
+  return InvalidField("server_threading",
+                      absl::StrCat("must be callback or poller, not \"",
+                                   CallerText(name), "\""));
+}
+
+absl::string_view ServerThreadingName(ServerThreading threading) {
+  return threading == ServerThreading::kPoller ? "poller" : "callback";
+}
+
 Daemon::Daemon(DaemonOptions options, std::shared_ptr<ChangeFeed> feed)
     : options_(std::move(options)), feed_(std::move(feed)) {}
 
@@ -49,6 +62,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
     Backend* backend, BrokerOptions broker_options, DaemonOptions options) {
   if (options.listen.empty() && options.unix_socket.empty()) {
     return InvalidField("listen", "set a TCP address, a Unix socket or both");
+  }
+  if (options.threading == ServerThreading::kPoller &&
+      options.poller_workers < 1) {
+    return InvalidField("poller_workers", "must be at least 1");
+  }
+  if (options.threading != ServerThreading::kPoller &&
+      !options.extra_poller_methods.empty()) {
+    return InvalidField("extra_poller_methods", "only the poller serves them");
   }
   auto feed = std::make_shared<ChangeFeed>(options.watch);
   broker_options.on_change =
@@ -71,6 +92,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(
 Daemon::~Daemon() {
   Drain();
   server_.reset();
+  poller_.reset();
+  poller_service_.reset();
   service_.reset();
   broker_.reset();
 }
@@ -117,7 +140,20 @@ absl::Status Daemon::Start() {
         absl::StrCat("unix:", StagingPath(options_.unix_socket)),
         grpc::InsecureServerCredentials());
   }
-  builder.RegisterService(service_.get());
+  absl::flat_hash_set<std::string> parsed_by_poller;
+  if (options_.threading == ServerThreading::kPoller) {
+    poller_service_ = std::make_unique<KvBrokerPollerService>(service_.get());
+    builder.RegisterService(poller_service_.get());
+    std::vector<UnaryPoller::Method> methods = poller_service_->UnaryMethods();
+    methods.insert(methods.end(), options_.extra_poller_methods.begin(),
+                   options_.extra_poller_methods.end());
+    for (const UnaryPoller::Method& m : methods)
+      parsed_by_poller.insert(m.name);
+    poller_ = std::make_unique<UnaryPoller>(&builder, options_.poller_workers,
+                                            std::move(methods));
+  } else {
+    builder.RegisterService(service_.get());
+  }
   for (grpc::Service* extra : options_.extra_services) {
     builder.RegisterService(extra);
   }
@@ -125,11 +161,16 @@ absl::Status Daemon::Start() {
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
-  interceptors.push_back(NewUnparsableRequestInterceptorFactory());
+  interceptors.push_back(
+      NewUnparsableRequestInterceptorFactory(std::move(parsed_by_poller)));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
+  if (server_ != nullptr && poller_ != nullptr) poller_->Start();
   if (server_ == nullptr || (!options_.listen.empty() && tcp_port_ == 0)) {
+    if (server_ != nullptr) StopServer(absl::Now());
     server_.reset();
+    poller_.reset();
+    poller_service_.reset();
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", options_.listen.empty() ? "" : options_.listen,
         !options_.listen.empty() && !options_.unix_socket.empty() ? " and "
@@ -140,8 +181,10 @@ absl::Status Daemon::Start() {
     absl::StatusOr<UnixSocketFile> file = UnixSocketFile::Publish(
         StagingPath(options_.unix_socket), options_.unix_socket);
     if (!file.ok()) {
-      server_->Shutdown();
+      StopServer(absl::Now());
       server_.reset();
+      poller_.reset();
+      poller_service_.reset();
       return file.status();
     }
     unix_file_ = *std::move(file);
@@ -205,14 +248,21 @@ void Daemon::Drain() {
             absl::FormatDuration(options_.drain_timeout));
   }
   if (health_thread_.joinable()) health_thread_.join();
-  server_->Shutdown(absl::ToChronoTime(drain_deadline));
-  server_->Wait();
+  StopServer(drain_deadline);
   LogLine("server stopped after %s", absl::FormatDuration(absl::Now() - start));
   if (unix_file_.has_value() && !unix_file_->Remove()) {
     LogLine("%s is no longer the socket this daemon bound; left in place",
             unix_file_->path());
   }
   broker_->StopWorker();
+}
+
+void Daemon::StopServer(absl::Time deadline) {
+  // Returns once every call the server handed out is finished and released:
+  // only then may the poller's queues shut down (unary_poller.h).
+  server_->Shutdown(absl::ToChronoTime(deadline));
+  server_->Wait();
+  if (poller_ != nullptr) poller_->Shutdown();
 }
 
 std::string Daemon::tcp_address() const {

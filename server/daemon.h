@@ -14,6 +14,15 @@
 //   - channelz (grpc.channelz.v1.Channelz), only with options.channelz: it
 //     shows every client's address to anyone who can connect.
 //
+// Threading (options.threading, kvbrokerd --server_threading): kCallback
+// serves KvBroker through gRPC's callback API, on gRPC's own threads;
+// kPoller serves its unary methods from one completion queue polled by
+// options.poller_workers threads, each call handled inline on the worker
+// that took it (kvbroker_poller.h, unary_poller.h), and WatchCapacity
+// through the callback API. Both run the same handlers
+// (KvBrokerService::Handle), so answers, access, bounds and drain are the
+// same; health, reflection and channelz are gRPC's in both.
+//
 // Lifecycle:
 //   auto d = Daemon::Create(&backend, broker_options, options);
 //   d->CreatePools(pools_file);   // optional, before serving
@@ -48,10 +57,20 @@
 #include "proto/kvbroker/v1/kvbroker.pb.h"
 #include "server/access.h"
 #include "server/change_feed.h"
+#include "server/kvbroker_poller.h"
 #include "server/kvbroker_service.h"
+#include "server/unary_poller.h"
 #include "server/unix_socket.h"
 
 namespace kvbroker {
+
+// How KvBroker's calls reach their handlers (see the file comment).
+enum class ServerThreading { kCallback, kPoller };
+
+// "callback" / "poller"; INVALID_ARGUMENT naming --server_threading
+// otherwise.
+absl::StatusOr<ServerThreading> ParseServerThreading(absl::string_view name);
+absl::string_view ServerThreadingName(ServerThreading threading);
 
 struct DaemonOptions {
   // TCP "host:port"; port 0 picks a free port. Empty: no TCP listener.
@@ -77,6 +96,13 @@ struct DaemonOptions {
   // More services served beside KvBroker by the same server (benchmarks
   // register their baseline ping here). Not owned; must outlive the daemon.
   std::vector<grpc::Service*> extra_services;
+  // See the file comment. poller_workers: kPoller's worker threads, at
+  // least 1; that many calls run at once.
+  ServerThreading threading = ServerThreading::kCallback;
+  int poller_workers = 2;
+  // kPoller only: raw unary methods of `extra_services` that the poller
+  // serves beside KvBroker's (a benchmark's ping served the same way).
+  std::vector<UnaryPoller::Method> extra_poller_methods;
   // The engines on the attach socket, for ListSessions; null: none.
   std::shared_ptr<const attach::SessionDirectory> sessions;
   // Page-list bound of Capacity and WatchCapacity (kvbroker_service.h).
@@ -94,7 +120,8 @@ class Daemon {
   // Creates the broker. `backend` must outlive the daemon. The daemon adds
   // its own on_change hook to `broker_options` (and still calls the
   // caller's). Errors: those of Broker::Create; INVALID_ARGUMENT when
-  // neither listener is configured.
+  // neither listener is configured, when poller_workers < 1 with kPoller,
+  // or with extra_poller_methods but not kPoller.
   static absl::StatusOr<std::unique_ptr<Daemon>> Create(
       Backend* backend, BrokerOptions broker_options, DaemonOptions options);
 
@@ -141,11 +168,17 @@ class Daemon {
  private:
   Daemon(DaemonOptions options, std::shared_ptr<ChangeFeed> feed);
   void HealthLoop();
+  // Shuts the server down (by `deadline`), then the poller's queues.
+  void StopServer(absl::Time deadline);
 
   const DaemonOptions options_;
   const std::shared_ptr<ChangeFeed> feed_;
   std::unique_ptr<Broker> broker_;
   std::unique_ptr<KvBrokerService> service_;
+  // kPoller: the service registered in place of service_, and the workers.
+  // The poller's queues outlive server_ (destroyed after it).
+  std::unique_ptr<KvBrokerPollerService> poller_service_;
+  std::unique_ptr<UnaryPoller> poller_;
   std::unique_ptr<grpc::Server> server_;
   int tcp_port_ = 0;
   // The socket file this daemon bound; Drain unlinks it only if the path

@@ -47,8 +47,14 @@ void LogFailure(absl::string_view method, absl::string_view pool,
 }
 
 // The refusal of a call that is already cancelled or past its deadline.
-std::optional<grpc::Status> Expired(grpc::CallbackServerContext* ctx) {
-  if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+// gRPC's completion-queue API (the poller) can tell a cancellation only
+// once the call has ended, so there only the deadline is checked; a poller
+// call runs on the thread that took it off its queue, as it arrives.
+std::optional<grpc::Status> Expired(grpc::ServerContextBase* ctx) {
+  if (dynamic_cast<grpc::CallbackServerContext*>(ctx) != nullptr &&
+      ctx->IsCancelled()) {
+    return grpc::Status::CANCELLED;
+  }
   if (ctx->deadline() <= std::chrono::system_clock::now()) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                         "the deadline passed before the call ran");
@@ -56,35 +62,36 @@ std::optional<grpc::Status> Expired(grpc::CallbackServerContext* ctx) {
   return std::nullopt;
 }
 
-// Finishes a unary call: refuses it when the daemon is draining (`gate`
-// closed: DRAINING), when `admission` failed (see KvBrokerService::Admit) or
-// when it has expired; otherwise runs `body` (which fills the response) and
-// finishes with its converted status, counted by `gate` until then.
+// The status a unary call ends with: a refusal when the daemon is draining
+// (`gate` closed: DRAINING), when `admission` failed (see
+// KvBrokerService::Admit) or when the call has expired; otherwise `body`'s
+// (which fills the response), converted. The call is counted by `gate`
+// until `body` returns.
 template <typename Body>
-grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
-                                DrainGate& gate, absl::string_view method,
-                                absl::string_view pool,
-                                const absl::Status& admission, Body&& body) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+grpc::Status Unary(grpc::ServerContextBase* ctx, DrainGate& gate,
+                   absl::string_view method, absl::string_view pool,
+                   const absl::Status& admission, Body&& body) {
   absl::Status draining;
   const DrainGate::Pass pass = gate.Enter(&draining);
   if (!pass.admitted()) {
     LogFailure(method, pool, draining);
-    reactor->Finish(ToGrpcStatus(draining));
-    return reactor;
+    return ToGrpcStatus(draining);
   }
   if (!admission.ok()) {
     LogFailure(method, pool, admission);
-    reactor->Finish(ToGrpcStatus(admission));
-    return reactor;
+    return ToGrpcStatus(admission);
   }
-  if (std::optional<grpc::Status> expired = Expired(ctx)) {
-    reactor->Finish(*expired);
-    return reactor;
-  }
+  if (std::optional<grpc::Status> expired = Expired(ctx)) return *expired;
   absl::Status status = body();
   if (!status.ok()) LogFailure(method, pool, status);
-  reactor->Finish(ToGrpcStatus(status));
+  return ToGrpcStatus(status);
+}
+
+// A callback call finished with `status`.
+grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* ctx,
+                                   const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(status);
   return reactor;
 }
 
@@ -139,7 +146,7 @@ KvBrokerService::KvBrokerService(
       limits_(limits),
       sessions_(std::move(sessions)) {}
 
-std::string KvBrokerService::CallerOf(grpc::CallbackServerContext* ctx,
+std::string KvBrokerService::CallerOf(grpc::ServerContextBase* ctx,
                                       const AccessPolicy::Grant* grant) {
   if (grant != nullptr) return absl::StrCat("token:", grant->name);
   std::string peer = ctx->peer();
@@ -161,7 +168,7 @@ absl::Status KvBrokerService::CheckPageList(int64_t max_pages) const {
 }
 
 absl::StatusOr<AccessPolicy::Caller> KvBrokerService::Authenticate(
-    grpc::CallbackServerContext* ctx) const {
+    grpc::ServerContextBase* ctx) const {
   if (access_ == nullptr) return AccessPolicy::Caller();
   std::vector<absl::string_view> headers;
   const auto range = ctx->client_metadata().equal_range("authorization");
@@ -186,7 +193,7 @@ absl::StatusOr<AccessPolicy::Caller> KvBrokerService::Authenticate(
   return access_->Identify(headers, tls ? &sans : nullptr);
 }
 
-absl::Status KvBrokerService::Admit(grpc::CallbackServerContext* ctx,
+absl::Status KvBrokerService::Admit(grpc::ServerContextBase* ctx,
                                     absl::string_view method,
                                     absl::string_view pool) const {
   if (access_ == nullptr) return absl::OkStatus();
@@ -196,9 +203,10 @@ absl::Status KvBrokerService::Admit(grpc::CallbackServerContext* ctx,
 }
 
 template <typename Body>
-grpc::ServerUnaryReactor* KvBrokerService::OnPool(
-    grpc::CallbackServerContext* ctx, absl::string_view method,
-    const std::string& pool, const absl::Status& bounds, Body&& body) {
+grpc::Status KvBrokerService::OnPool(grpc::ServerContextBase* ctx,
+                                     absl::string_view method,
+                                     const std::string& pool,
+                                     const absl::Status& bounds, Body&& body) {
   const absl::Status admission =
       bounds.ok() ? Admit(ctx, method, pool) : bounds;
   return Unary(ctx, gate_, method, pool, admission, [&] {
@@ -208,31 +216,30 @@ grpc::ServerUnaryReactor* KvBrokerService::OnPool(
   });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
-    grpc::CallbackServerContext* ctx, const v1::CreatePoolRequest* request,
-    v1::CreatePoolResponse* response) {
-  absl::Status admission = CheckBounds(*request);
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::CreatePoolRequest& request,
+                                     v1::CreatePoolResponse* response) {
+  absl::Status admission = CheckBounds(request);
   if (admission.ok()) {
     absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
     admission = caller.ok() ? AccessPolicy::AuthorizeCreate(
-                                  *caller, request->pool().name())
+                                  *caller, request.pool().name())
                             : caller.status();
   }
-  return Unary(
-      ctx, gate_, "CreatePool", request->pool().name(), admission, [&] {
-        CapacitySnapshot capacity;
-        absl::StatusOr<std::shared_ptr<PagePool>> pool =
-            broker_->CreatePool(FromProto(request->pool()), &capacity);
-        if (!pool.ok()) return pool.status();
-        ToProto((*pool)->geometry(), capacity, response->mutable_pool());
-        return absl::OkStatus();
-      });
+  return Unary(ctx, gate_, "CreatePool", request.pool().name(), admission, [&] {
+    CapacitySnapshot capacity;
+    absl::StatusOr<std::shared_ptr<PagePool>> pool =
+        broker_->CreatePool(FromProto(request.pool()), &capacity);
+    if (!pool.ok()) return pool.status();
+    ToProto((*pool)->geometry(), capacity, response->mutable_pool());
+    return absl::OkStatus();
+  });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::GetPool(
-    grpc::CallbackServerContext* ctx, const v1::GetPoolRequest* request,
-    v1::GetPoolResponse* response) {
-  return OnPool(ctx, "GetPool", request->pool(), CheckBounds(*request),
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::GetPoolRequest& request,
+                                     v1::GetPoolResponse* response) {
+  return OnPool(ctx, "GetPool", request.pool(), CheckBounds(request),
                 [&](PagePool& pool) {
                   absl::StatusOr<CapacitySnapshot> capacity = pool.Capacity();
                   if (!capacity.ok()) return capacity.status();
@@ -241,9 +248,9 @@ grpc::ServerUnaryReactor* KvBrokerService::GetPool(
                 });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::ListPools(
-    grpc::CallbackServerContext* ctx, const v1::ListPoolsRequest* /*request*/,
-    v1::ListPoolsResponse* response) {
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::ListPoolsRequest& /*request*/,
+                                     v1::ListPoolsResponse* response) {
   absl::StatusOr<AccessPolicy::Caller> caller = Authenticate(ctx);
   return Unary(ctx, gate_, "ListPools", "", caller.status(), [&] {
     for (const std::shared_ptr<PagePool>& pool : broker_->ListPools()) {
@@ -256,96 +263,94 @@ grpc::ServerUnaryReactor* KvBrokerService::ListPools(
   });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::DeletePool(
-    grpc::CallbackServerContext* ctx, const v1::DeletePoolRequest* request,
-    v1::DeletePoolResponse* /*response*/) {
-  absl::Status admission = CheckBounds(*request);
-  if (admission.ok()) admission = Admit(ctx, "DeletePool", request->pool());
-  return Unary(ctx, gate_, "DeletePool", request->pool(), admission, [&] {
-    return broker_->DeletePool(request->pool(), request->force());
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::DeletePoolRequest& request,
+                                     v1::DeletePoolResponse* /*response*/) {
+  absl::Status admission = CheckBounds(request);
+  if (admission.ok()) admission = Admit(ctx, "DeletePool", request.pool());
+  return Unary(ctx, gate_, "DeletePool", request.pool(), admission, [&] {
+    return broker_->DeletePool(request.pool(), request.force());
   });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::Capacity(
-    grpc::CallbackServerContext* ctx, const v1::CapacityRequest* request,
-    v1::CapacityResponse* response) {
-  return OnPool(ctx, "Capacity", request->pool(), CheckBounds(*request),
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::CapacityRequest& request,
+                                     v1::CapacityResponse* response) {
+  return OnPool(ctx, "Capacity", request.pool(), CheckBounds(request),
                 [&](PagePool& pool) {
-                  KVB_RETURN_IF_ERROR(CheckPageList(request->max_pages()));
+                  KVB_RETURN_IF_ERROR(CheckPageList(request.max_pages()));
                   absl::StatusOr<CapacitySnapshot> capacity =
-                      pool.Capacity(CapacityQuery{request->max_pages()});
+                      pool.Capacity(CapacityQuery{request.max_pages()});
                   return Reply(std::move(capacity),
                                response->mutable_capacity());
                 });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::Alloc(
-    grpc::CallbackServerContext* ctx, const v1::AllocRequest* request,
-    v1::AllocResponse* response) {
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::AllocRequest& request,
+                                     v1::AllocResponse* response) {
   return OnPool(
-      ctx, "Alloc", request->pool(), CheckBounds(*request),
-      [&](PagePool& pool) {
-        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
+      ctx, "Alloc", request.pool(), CheckBounds(request), [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request.pool_uid()));
         KVB_RETURN_IF_ERROR(
-            CheckReplyFits(request->num_blocks(), pool.geometry()));
-        KVB_RETURN_IF_ERROR(Reply(pool.Alloc(FromProto(*request)), response));
+            CheckReplyFits(request.num_blocks(), pool.geometry()));
+        KVB_RETURN_IF_ERROR(Reply(pool.Alloc(FromProto(request)), response));
         response->set_pool_uid(pool.uid());
         return absl::OkStatus();
       });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::Free(
-    grpc::CallbackServerContext* ctx, const v1::FreeRequest* request,
-    v1::FreeResponse* response) {
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::FreeRequest& request,
+                                     v1::FreeResponse* response) {
   return OnPool(
-      ctx, "Free", request->pool(), CheckBounds(*request), [&](PagePool& pool) {
-        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
-        return Reply(pool.Free(FromProto(*request)), response);
+      ctx, "Free", request.pool(), CheckBounds(request), [&](PagePool& pool) {
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request.pool_uid()));
+        return Reply(pool.Free(FromProto(request)), response);
       });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::Reserve(
-    grpc::CallbackServerContext* ctx, const v1::ReserveRequest* request,
-    v1::ReserveResponse* response) {
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::ReserveRequest& request,
+                                     v1::ReserveResponse* response) {
   return OnPool(
-      ctx, "Reserve", request->pool(), CheckBounds(*request),
+      ctx, "Reserve", request.pool(), CheckBounds(request),
       [&](PagePool& pool) {
         KVB_RETURN_IF_ERROR(
-            CheckReplyFits(request->num_blocks(), pool.geometry()));
-        KVB_RETURN_IF_ERROR(Reply(pool.Reserve(FromProto(*request)), response));
+            CheckReplyFits(request.num_blocks(), pool.geometry()));
+        KVB_RETURN_IF_ERROR(Reply(pool.Reserve(FromProto(request)), response));
         response->set_pool_uid(pool.uid());
         return absl::OkStatus();
       });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::ReleaseReservation(
-    grpc::CallbackServerContext* ctx,
-    const v1::ReleaseReservationRequest* request,
+grpc::Status KvBrokerService::Handle(
+    grpc::ServerContextBase* ctx, const v1::ReleaseReservationRequest& request,
     v1::ReleaseReservationResponse* response) {
   return OnPool(
-      ctx, "ReleaseReservation", request->pool(), CheckBounds(*request),
+      ctx, "ReleaseReservation", request.pool(), CheckBounds(request),
       [&](PagePool& pool) {
-        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
-        return Reply(pool.ReleaseReservation(request->reservation_id()),
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request.pool_uid()));
+        return Reply(pool.ReleaseReservation(request.reservation_id()),
                      response);
       });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::SetMemoryLimit(
-    grpc::CallbackServerContext* ctx, const v1::SetMemoryLimitRequest* request,
-    v1::SetMemoryLimitResponse* response) {
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::SetMemoryLimitRequest& request,
+                                     v1::SetMemoryLimitResponse* response) {
   return OnPool(
-      ctx, "SetMemoryLimit", request->pool(), CheckBounds(*request),
+      ctx, "SetMemoryLimit", request.pool(), CheckBounds(request),
       [&](PagePool& pool) {
         absl::StatusOr<LimitResult> result = pool.SetMemoryLimit(
-            Bytes(request->limit_bytes()), request->revision());
+            Bytes(request.limit_bytes()), request.revision());
         if (!result.ok()) return result.status();
         ToProto(*result, response);
         LogLine(
             "SetMemoryLimit pool=%s limit_bytes=%d revision=%d: %s "
             "(target %d pages, effective %d bytes, mapped %d bytes, overage %d "
             "bytes)",
-            request->pool(), request->limit_bytes(), request->revision(),
+            request.pool(), request.limit_bytes(), request.revision(),
             LimitOutcomeName(result->outcome),
             result->limit.target_pages.value(),
             result->limit.effective_bytes.value(), result->mapped_bytes.value(),
@@ -354,32 +359,31 @@ grpc::ServerUnaryReactor* KvBrokerService::SetMemoryLimit(
       });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::Trim(
-    grpc::CallbackServerContext* ctx, const v1::TrimRequest* request,
-    v1::TrimResponse* response) {
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::TrimRequest& request,
+                                     v1::TrimResponse* response) {
   return OnPool(
-      ctx, "Trim", request->pool(), CheckBounds(*request), [&](PagePool& pool) {
-        absl::StatusOr<TrimResult> result = pool.Trim(request->max_pages());
+      ctx, "Trim", request.pool(), CheckBounds(request), [&](PagePool& pool) {
+        absl::StatusOr<TrimResult> result = pool.Trim(request.max_pages());
         if (!result.ok()) return result.status();
         ToProto(*result, response);
         if (result->pages_unmapped > 0) {
-          LogLine("Trim pool=%s: unmapped %d idle pages", request->pool(),
+          LogLine("Trim pool=%s: unmapped %d idle pages", request.pool(),
                   result->pages_unmapped);
         }
         return absl::OkStatus();
       });
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::GetPageOccupancy(
-    grpc::CallbackServerContext* ctx,
-    const v1::GetPageOccupancyRequest* request,
-    v1::GetPageOccupancyResponse* response) {
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::GetPageOccupancyRequest& request,
+                                     v1::GetPageOccupancyResponse* response) {
   return OnPool(
-      ctx, "GetPageOccupancy", request->pool(), CheckBounds(*request),
+      ctx, "GetPageOccupancy", request.pool(), CheckBounds(request),
       [&](PagePool& pool) {
-        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request->pool_uid()));
-        std::vector<PageId> ids(request->page_ids().begin(),
-                                request->page_ids().end());
+        KVB_RETURN_IF_ERROR(SameIncarnation(pool, request.pool_uid()));
+        std::vector<PageId> ids(request.page_ids().begin(),
+                                request.page_ids().end());
         absl::StatusOr<std::vector<PageOccupancy>> result =
             pool.GetPageOccupancy(ids);
         if (!result.ok()) return result.status();
@@ -419,28 +423,28 @@ KvBrokerService::WatchCapacity(grpc::CallbackServerContext* ctx,
                                CallerOf(ctx, caller->token)});
 }
 
-grpc::ServerUnaryReactor* KvBrokerService::ListSessions(
-    grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest* request,
-    v1::ListSessionsResponse* response) {
-  absl::Status admission = CheckBounds(*request);
+grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
+                                     const v1::ListSessionsRequest& request,
+                                     v1::ListSessionsResponse* response) {
+  absl::Status admission = CheckBounds(request);
   absl::StatusOr<AccessPolicy::Caller> caller = AccessPolicy::Caller();
   if (admission.ok()) {
     caller = Authenticate(ctx);
     admission = caller.status();
   }
-  if (admission.ok() && !request->pool().empty()) {
+  if (admission.ok() && !request.pool().empty()) {
     admission =
-        AccessPolicy::Authorize(*caller, request->pool(), "ListSessions");
+        AccessPolicy::Authorize(*caller, request.pool(), "ListSessions");
   }
-  return Unary(ctx, gate_, "ListSessions", request->pool(), admission, [&] {
-    if (!request->pool().empty()) {
+  return Unary(ctx, gate_, "ListSessions", request.pool(), admission, [&] {
+    if (!request.pool().empty()) {
       absl::StatusOr<std::shared_ptr<PagePool>> found =
-          broker_->GetPool(request->pool());
+          broker_->GetPool(request.pool());
       if (!found.ok()) return found.status();
     }
     if (sessions_ == nullptr) return absl::OkStatus();
     for (const attach::SessionInfo& info : sessions_->ListSessions()) {
-      if (!request->pool().empty() && info.pool != request->pool()) continue;
+      if (!request.pool().empty() && info.pool != request.pool()) continue;
       // A session not attached yet names no pool: only a caller that may
       // use every pool (or any, without tokens) sees it.
       if (!caller->Allows(info.pool)) continue;
@@ -448,6 +452,88 @@ grpc::ServerUnaryReactor* KvBrokerService::ListSessions(
     }
     return absl::OkStatus();
   });
+}
+
+// The callback API's entry points: the same handlers, finished at once.
+
+grpc::ServerUnaryReactor* KvBrokerService::CreatePool(
+    grpc::CallbackServerContext* ctx, const v1::CreatePoolRequest* request,
+    v1::CreatePoolResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::GetPool(
+    grpc::CallbackServerContext* ctx, const v1::GetPoolRequest* request,
+    v1::GetPoolResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::ListPools(
+    grpc::CallbackServerContext* ctx, const v1::ListPoolsRequest* request,
+    v1::ListPoolsResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::DeletePool(
+    grpc::CallbackServerContext* ctx, const v1::DeletePoolRequest* request,
+    v1::DeletePoolResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::Capacity(
+    grpc::CallbackServerContext* ctx, const v1::CapacityRequest* request,
+    v1::CapacityResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::Alloc(
+    grpc::CallbackServerContext* ctx, const v1::AllocRequest* request,
+    v1::AllocResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::Free(
+    grpc::CallbackServerContext* ctx, const v1::FreeRequest* request,
+    v1::FreeResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::Reserve(
+    grpc::CallbackServerContext* ctx, const v1::ReserveRequest* request,
+    v1::ReserveResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::ReleaseReservation(
+    grpc::CallbackServerContext* ctx,
+    const v1::ReleaseReservationRequest* request,
+    v1::ReleaseReservationResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::SetMemoryLimit(
+    grpc::CallbackServerContext* ctx, const v1::SetMemoryLimitRequest* request,
+    v1::SetMemoryLimitResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::Trim(
+    grpc::CallbackServerContext* ctx, const v1::TrimRequest* request,
+    v1::TrimResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::GetPageOccupancy(
+    grpc::CallbackServerContext* ctx,
+    const v1::GetPageOccupancyRequest* request,
+    v1::GetPageOccupancyResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
+}
+
+grpc::ServerUnaryReactor* KvBrokerService::ListSessions(
+    grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest* request,
+    v1::ListSessionsResponse* response) {
+  return Finished(ctx, Handle(ctx, *request, response));
 }
 
 }  // namespace kvbroker

@@ -7,14 +7,20 @@
 // (status_convert.h). All policy (exact capacity, rollback, idempotency by
 // request_id, reservations, limits) lives in the allocator core.
 //
-// Unary RPCs use the callback API and run on gRPC's threads; the only
-// blocking they do is the pool's own critical section (which, for an Alloc
-// that grows the pool, includes mapping its pages: SPEC 4's linearizability).
-// A call that is already cancelled or past its deadline when it starts is
-// refused with CANCELLED / DEADLINE_EXCEEDED before it touches the pool. A
-// deadline that passes while the pool is working does not undo the work: a
-// client that may time out retries with the same request_id and receives the
-// first outcome.
+// Every unary RPC has one handler, Handle(ctx, request, response), which
+// returns the status the call ends with; both ways kvbrokerd serves calls
+// run it (daemon.h, --server_threading): the callback API's entry points
+// below, on gRPC's threads, and the completion-queue poller
+// (kvbroker_poller.h), on its own workers. So admission, bounds, drain and
+// the mapping of failures to gRPC statuses (status_convert.h) live in one
+// place. The only blocking a handler does is the pool's own critical section
+// (which, for an Alloc that grows the pool, includes mapping its pages: SPEC
+// 4's linearizability). A call that is already past its deadline when it
+// starts is refused with DEADLINE_EXCEEDED, and (callback mode: the
+// completion-queue API cannot tell before the call ends) one already
+// cancelled with CANCELLED, before it touches the pool. A deadline that passes
+// while the pool is working does not undo the work: a client that may time out
+// retries with the same request_id and receives the first outcome.
 //
 // WatchCapacity streams live in capacity_watch.h; their snapshots are built
 // by the ChangeFeed's notifier thread, never on the thread of an Alloc or
@@ -95,6 +101,51 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
   KvBrokerService(const KvBrokerService&) = delete;
   KvBrokerService& operator=(const KvBrokerService&) = delete;
 
+  // The unary handlers: each refuses or runs one call of its method, fills
+  // `response` when it runs, and returns the status the call ends with.
+  // `ctx` gives the call's metadata, peer, deadline and cancellation.
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::CreatePoolRequest& request,
+                      v1::CreatePoolResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::GetPoolRequest& request,
+                      v1::GetPoolResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::ListPoolsRequest& request,
+                      v1::ListPoolsResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::DeletePoolRequest& request,
+                      v1::DeletePoolResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::CapacityRequest& request,
+                      v1::CapacityResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::AllocRequest& request,
+                      v1::AllocResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::FreeRequest& request,
+                      v1::FreeResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::ReserveRequest& request,
+                      v1::ReserveResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::ReleaseReservationRequest& request,
+                      v1::ReleaseReservationResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::SetMemoryLimitRequest& request,
+                      v1::SetMemoryLimitResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::TrimRequest& request,
+                      v1::TrimResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::GetPageOccupancyRequest& request,
+                      v1::GetPageOccupancyResponse* response);
+  grpc::Status Handle(grpc::ServerContextBase* ctx,
+                      const v1::ListSessionsRequest& request,
+                      v1::ListSessionsResponse* response);
+
+  // The callback API (--server_threading=callback): Handle, finished at
+  // once; WatchCapacity is served through this API in both modes.
   grpc::ServerUnaryReactor* CreatePool(
       grpc::CallbackServerContext* ctx, const v1::CreatePoolRequest* request,
       v1::CreatePoolResponse* response) override;
@@ -144,25 +195,24 @@ class KvBrokerService final : public v1::KvBroker::CallbackService {
  private:
   // The caller's grants (none without an access policy).
   absl::StatusOr<AccessPolicy::Caller> Authenticate(
-      grpc::CallbackServerContext* ctx) const;
+      grpc::ServerContextBase* ctx) const;
   // Authenticates and authorizes a call that names `pool`.
-  absl::Status Admit(grpc::CallbackServerContext* ctx, absl::string_view method,
+  absl::Status Admit(grpc::ServerContextBase* ctx, absl::string_view method,
                      absl::string_view pool) const;
   // Who holds a watch (see the file comment); `grant` is the caller's
   // token grant from Authenticate.
-  static std::string CallerOf(grpc::CallbackServerContext* ctx,
+  static std::string CallerOf(grpc::ServerContextBase* ctx,
                               const AccessPolicy::Grant* grant);
   // INVALID_ARGUMENT when `max_pages` is negative or above the bound.
   absl::Status CheckPageList(int64_t max_pages) const;
   // Runs a unary call on the pool named `pool`: refuses it unless the
   // request is within its bounds (`bounds`, request_bounds.h), admitted for
-  // `method`, still live and the pool exists; otherwise finishes with
+  // `method`, still live and the pool exists; otherwise returns
   // `body(PagePool&)`'s status (body fills the response).
   template <typename Body>
-  grpc::ServerUnaryReactor* OnPool(grpc::CallbackServerContext* ctx,
-                                   absl::string_view method,
-                                   const std::string& pool,
-                                   const absl::Status& bounds, Body&& body);
+  grpc::Status OnPool(grpc::ServerContextBase* ctx, absl::string_view method,
+                      const std::string& pool, const absl::Status& bounds,
+                      Body&& body);
 
   Broker* const broker_;
   const std::shared_ptr<ChangeFeed> feed_;

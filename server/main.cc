@@ -112,6 +112,19 @@ ABSL_FLAG(absl::Duration, drain_quiet, absl::Milliseconds(250),
           "none has arrived for this long (within --drain_timeout); only then "
           "does the server shut down.");
 
+ABSL_FLAG(std::string, server_threading, "callback",
+          "How KvBroker calls reach their handlers: 'callback' (gRPC's "
+          "callback API on gRPC's threads) or 'poller' (one completion "
+          "queue polled by --poller_workers threads, each call handled on "
+          "the thread that took it off the queue). Answers, access, bounds "
+          "and drain are the same; WatchCapacity, health and reflection use "
+          "the callback API in both, whose threads keep polling, so the "
+          "poller saves little today (docs/hardening.md, Threading).");
+ABSL_FLAG(int, poller_workers, 2,
+          "--server_threading=poller: worker threads (at least 1), the most "
+          "calls that run at once; an Alloc that maps pages holds one until "
+          "it returns.");
+
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain of the TCP listener. With --tls_key, the TCP "
           "listener speaks TLS only.");
@@ -214,6 +227,15 @@ absl::Status CheckFlags() {
   }
   if (absl::GetFlag(FLAGS_drain_timeout) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout must not be negative");
+  }
+  if (const std::string threading = absl::GetFlag(FLAGS_server_threading);
+      !ParseServerThreading(threading).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--server_threading must be callback or poller, not \"",
+                     CallerText(threading), "\""));
+  }
+  if (absl::GetFlag(FLAGS_poller_workers) < 1) {
+    return absl::InvalidArgumentError("--poller_workers must be at least 1");
   }
   return absl::OkStatus();
 }
@@ -331,6 +353,9 @@ int Run() {
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.drain_quiet = absl::GetFlag(FLAGS_drain_quiet);
   options.channelz = absl::GetFlag(FLAGS_channelz);
+  options.threading =
+      *ParseServerThreading(absl::GetFlag(FLAGS_server_threading));
+  options.poller_workers = absl::GetFlag(FLAGS_poller_workers);
   options.limits.max_page_list = absl::GetFlag(FLAGS_max_page_list);
   options.watch.max_watches_per_caller =
       absl::GetFlag(FLAGS_max_watches_per_caller);
@@ -374,6 +399,10 @@ int Run() {
     metrics = *std::move(started);
   }
   if (absl::Status s = (*daemon)->Start(); !s.ok()) return Fail(s);
+  if (options.threading == ServerThreading::kPoller) {
+    LogLine("serving unary calls from %d completion-queue worker(s)",
+            options.poller_workers);
+  }
 
   std::unique_ptr<attach::AttachServer> attach_server;
   if (const std::string path = absl::GetFlag(FLAGS_attach_socket);

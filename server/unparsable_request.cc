@@ -4,6 +4,7 @@
 #include "server/unparsable_request.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
@@ -66,12 +67,17 @@ UnparsableRequestInterceptorFactory::CreateServerInterceptor(
   if (info->type() != Type::UNARY && info->type() != Type::SERVER_STREAMING) {
     return nullptr;
   }
+  if (info->method() != nullptr && parsed_elsewhere_.contains(info->method())) {
+    return nullptr;
+  }
   return new UnparsableRequestInterceptor(info->method());
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-NewUnparsableRequestInterceptorFactory() {
-  return std::make_unique<UnparsableRequestInterceptorFactory>();
+NewUnparsableRequestInterceptorFactory(
+    absl::flat_hash_set<std::string> parsed_elsewhere) {
+  return std::make_unique<UnparsableRequestInterceptorFactory>(
+      std::move(parsed_elsewhere));
 }
 
 }  // namespace kvbroker

@@ -11,7 +11,9 @@
 // passed through untouched; it covers every method with one request
 // message (unary and server-streaming), including those of services added
 // later. Client and bidi streams (server reflection) are left alone: there
-// no message also means the client closed its side.
+// no message also means the client closed its side. Methods that parse
+// their requests themselves (the raw methods of kvbrokerd's poller mode,
+// kvbroker_poller.h) are named to the factory and left alone too.
 //
 // Thread safety: the factory is thread-safe; each interceptor serves one
 // call.
@@ -23,7 +25,9 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -35,13 +39,23 @@ absl::Status UnparsableRequest(absl::string_view method);
 class UnparsableRequestInterceptorFactory final
     : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
+  // `parsed_elsewhere`: full method names ("/pkg.Service/Method") whose
+  // calls get no interceptor.
+  explicit UnparsableRequestInterceptorFactory(
+      absl::flat_hash_set<std::string> parsed_elsewhere = {})
+      : parsed_elsewhere_(std::move(parsed_elsewhere)) {}
+
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
+
+ private:
+  const absl::flat_hash_set<std::string> parsed_elsewhere_;
 };
 
 // For ServerBuilder::experimental().SetInterceptorCreators.
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-NewUnparsableRequestInterceptorFactory();
+NewUnparsableRequestInterceptorFactory(
+    absl::flat_hash_set<std::string> parsed_elsewhere = {});
 
 }  // namespace kvbroker
 

@@ -37,7 +37,13 @@ DaemonProcess::DaemonProcess(const std::vector<std::string>& args) {
     return;
   }
   std::string binary = Binary();
-  std::vector<std::string> copy = args;
+  // tests/server_test.bzl: the mode of the test's daemons, first, so that
+  // a flag the test passes itself wins.
+  std::vector<std::string> copy;
+  if (const char* threading = std::getenv("KVB_TEST_SERVER_THREADING")) {
+    copy.push_back(absl::StrCat("--server_threading=", threading));
+  }
+  copy.insert(copy.end(), args.begin(), args.end());
   std::vector<char*> argv = {binary.data()};
   for (std::string& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);

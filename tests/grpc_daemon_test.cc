@@ -539,7 +539,9 @@ class Kvbrokerd {
     std::vector<char*> argv;
     std::string binary = Binary();
     argv.push_back(binary.data());
-    std::vector<std::string> copy = args;
+    // The test's mode first: a flag the test passes itself wins.
+    std::vector<std::string> copy = {TestServerThreadingFlag()};
+    copy.insert(copy.end(), args.begin(), args.end());
     for (std::string& a : copy) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_ = fork();
@@ -712,6 +714,11 @@ TEST(KvbrokerdProcess, BadFlagsFailClearly) {
     Kvbrokerd daemon(
         {BackendFlag(), "--pools=/nonexistent", "--listen=127.0.0.1:0"});
     EXPECT_EQ(daemon.WaitExit(absl::Seconds(10)), 1);
+  }
+  for (const char* flag : {"--server_threading=threads", "--poller_workers=0",
+                           "--poller_workers=-3"}) {
+    Kvbrokerd daemon({BackendFlag(), "--listen=127.0.0.1:0", flag});
+    EXPECT_EQ(daemon.WaitExit(absl::Seconds(10)), 1) << flag;
   }
 }
 

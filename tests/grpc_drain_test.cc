@@ -88,6 +88,7 @@ TEST(Drain, InFlightCallsFinishAndArrivingCallsGetDraining) {
   broker_options.max_idle_pages = 0;
   DaemonOptions options;
   options.listen = "127.0.0.1:0";
+  options.threading = TestServerThreading();
   options.drain_timeout = absl::Seconds(30);
   absl::StatusOr<std::unique_ptr<Daemon>> daemon =
       Daemon::Create(&backend, broker_options, options);

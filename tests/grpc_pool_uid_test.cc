@@ -196,6 +196,7 @@ TEST(CreatePoolRace, ADeleteBeforeTheReplyDoesNotUndoTheAnswer) {
   };
   DaemonOptions options;
   options.listen = "127.0.0.1:0";
+  options.threading = TestServerThreading();
   absl::StatusOr<std::unique_ptr<Daemon>> daemon =
       Daemon::Create(&host, broker_options, options);
   ASSERT_TRUE(daemon.ok()) << daemon.status();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "client/error_codec.h"
@@ -64,6 +65,22 @@ Reply<Response> Call(grpc::Status (v1::KvBroker::Stub::*method)(
 
 }  // namespace
 
+ServerThreading TestServerThreading() {
+  const char* env = std::getenv("KVB_TEST_SERVER_THREADING");
+  if (env == nullptr) return ServerThreading::kCallback;
+  absl::StatusOr<ServerThreading> threading = ParseServerThreading(env);
+  if (!threading.ok()) {
+    ADD_FAILURE() << "KVB_TEST_SERVER_THREADING: " << threading.status();
+    return ServerThreading::kCallback;
+  }
+  return *threading;
+}
+
+std::string TestServerThreadingFlag() {
+  return absl::StrCat("--server_threading=",
+                      ServerThreadingName(TestServerThreading()));
+}
+
 Rig::Rig(RigOptions options)
     : host(options.host), backend(&host), unix_path(NewSocketPath()) {
   // Keep gRPC initialised for the whole test process: otherwise the last
@@ -87,6 +104,7 @@ Rig::Rig(RigOptions options)
   daemon_options.limits = options.limits;
   daemon_options.watch = options.watch;
   daemon_options.sessions = options.sessions;
+  daemon_options.threading = TestServerThreading();
   absl::StatusOr<std::unique_ptr<Daemon>> created =
       Daemon::Create(&backend, broker_options, daemon_options);
   if (!created.ok()) {

@@ -34,6 +34,13 @@
 namespace kvbroker {
 namespace testing {
 
+// The mode every daemon of the test serves in: $KVB_TEST_SERVER_THREADING
+// ("callback" or "poller"; unset: callback). tests/server_test.bzl declares
+// each gRPC test once per mode; an unknown value fails the test.
+ServerThreading TestServerThreading();
+// The same as a kvbrokerd flag, "--server_threading=...".
+std::string TestServerThreadingFlag();
+
 // One entry of a tokens file: a name, its bearer token and the pools it may
 // use ("*" for all).
 struct TokenGrant {

@@ -64,6 +64,11 @@ absl::StatusOr<std::unique_ptr<BrokerProcess>> BrokerProcess::Start(
                                    "--min_idle_pages=0",
                                    "--drain_timeout=1s",
                                    "--pools=" + pools};
+  // tests/server_test.bzl: the mode of the test's brokers, before the
+  // caller's flags so that theirs win.
+  if (const char* threading = std::getenv("KVB_TEST_SERVER_THREADING")) {
+    args.push_back(std::string("--server_threading=") + threading);
+  }
   args.insert(args.end(), flags.begin(), flags.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

@@ -4,7 +4,9 @@
 //
 // The binary is kvbrokerd from the runfiles (a data dependency on
 // //server:kvbrokerd), or $KVBROKERD. The child dies with its parent
-// (PR_SET_PDEATHSIG) and is killed when the object goes.
+// (PR_SET_PDEATHSIG) and is killed when the object goes. With
+// $KVB_TEST_SERVER_THREADING set (tests/server_test.bzl) it serves in that
+// --server_threading unless the caller's flags say otherwise.
 
 #ifndef KVBROKER_EXTENDER_TESTING_BROKER_PROCESS_H_
 #define KVBROKER_EXTENDER_TESTING_BROKER_PROCESS_H_
