@@ -46,7 +46,9 @@
 // driver query or log line runs under it. A call that must map or unmap
 // takes its pages under the lock (they become MAPPING: in flight), drops
 // the lock in one helper, WithoutLock, for the driver calls, and retakes it
-// to commit, or to roll back to exactly the state before the call. The
+// to commit, or to roll back to exactly the state before the call. Long
+// locked walks go in steps of at most kStepPages pages, with the lock
+// released in between (StepLocked; docs/design.md, "Bounded lock hold"). The
 // caller's own unmaps finish before it returns. Lock order: mu_ ->
 // DeviceBudgets (a leaf); on_change and on_prealloc_needed run with no pool
 // lock held (docs/design.md, "Locking"). The PageAnnouncer's lock is taken

@@ -1,6 +1,6 @@
-// Property test of scenario C14 (the product's acceptance scenarios): over many random
-// geometries and random sequences of Alloc / Free / Reserve / Alloc from a
-// reservation / ReleaseReservation / SetMemoryLimit / Trim / PreallocStep,
+// Property test of scenario C14 (the product's acceptance scenarios): over many
+// random geometries and random sequences of Alloc / Free / Reserve / Alloc from
+// a reservation / ReleaseReservation / SetMemoryLimit / Trim / PreallocStep,
 // PagePool agrees step by step with a brute-force reference model
 // (allocator/testing/reference_model.h, written from docs/design.md), and after
 // every step:
@@ -17,7 +17,9 @@
 // nor allocated, the generation unmoved), and after the call commits, or
 // fails and rolls back, with the model's committed or restored state.
 // Every allocation is compared id for id with the model: the consumption
-// order is deterministic.
+// order is deterministic. Between every two steps of a long locked walk
+// (docs/design.md, "Bounded lock hold") a reading caller checks the
+// invariants and that Capacity's figures add up.
 //
 // Deterministic: a fixed list of seeds. A failure prints the seed, the
 // geometry and the operations so far. To replay one seed:
@@ -242,12 +244,16 @@ class PropertyRun {
       : seed_(seed), rng_(seed), num_ops_(num_ops), probe_every_(probe_every) {}
 
   // "" on success; otherwise what went wrong, with the context to replay it.
+  // The pool may still step while it is destroyed; nothing is checked then.
+  ~PropertyRun() { torn_down_ = true; }
+
   std::string Run() {
     g_ = RandomGeo(rng_);
     std::string err = Setup();
     for (int i = 0; err.empty() && i < num_ops_; ++i) {
       step_ = i;
       err = Step();
+      if (err.empty()) err = step_errors_;
       if (err.empty()) err = CheckState();
       if (err.empty() && (i % probe_every_ == 0 || i + 1 == num_ops_)) {
         err = Probe();
@@ -293,6 +299,7 @@ class PropertyRun {
     PoolOptions po;
     po.min_idle_pages = g_.min_idle;
     po.max_idle_pages = g_.max_idle;
+    po.between_steps = [this] { BetweenSteps(); };
     auto pool = PagePool::Create(pc, fault_.get(), budgets_.get(), &clock_, po);
     if (!pool.ok())
       return absl::StrCat("PagePool::Create: ", pool.status().ToString());
@@ -404,6 +411,42 @@ class PropertyRun {
       err << "CheckInvariants: " << inv.ToString() << "; ";
     }
     return err.str();
+  }
+
+  // A caller between two steps of a long locked walk (docs/design.md,
+  // "Bounded lock hold"): it only reads, so the model still describes the
+  // pool once the call returns. The invariants hold there, and Capacity's
+  // figures add up: nothing counted twice, nothing beyond the pool.
+  void BetweenSteps() {
+    if (pool_ == nullptr || torn_down_) return;
+    coverage->Add("between_steps");
+    if (absl::Status inv = pool_->CheckInvariants(); !inv.ok()) {
+      absl::StrAppend(&step_errors_, "between steps: ", inv.ToString(), "; ");
+    }
+    auto c = pool_->Capacity();
+    if (!c.ok()) {
+      absl::StrAppend(&step_errors_, "between steps: Capacity ",
+                      c.status().ToString(), "; ");
+      return;
+    }
+    const int64_t held = c->available_blocks.value() +
+                         c->allocated_blocks.value() +
+                         c->reserved_blocks.value();
+    if (held > c->total_blocks.value()) {
+      absl::StrAppend(&step_errors_,
+                      "between steps: available + allocated + "
+                      "reserved = ",
+                      held, " > total ", c->total_blocks.value(), "; ");
+    }
+    const int64_t pages = c->pages_free.value() + c->pages_mapping.value() +
+                          c->pages_idle.value() + c->pages_open.value() +
+                          c->pages_full.value() + c->pages_reclaimed.value() +
+                          c->pages_empty.value() + c->pages_revoking.value() +
+                          c->pages_quarantined.value();
+    if (pages != model_->page_count()) {
+      absl::StrAppend(&step_errors_, "between steps: ", pages,
+                      " pages by state, not ", model_->page_count(), "; ");
+    }
   }
 
   // ---- C14 ----
@@ -986,6 +1029,10 @@ class PropertyRun {
   int step_ = -1;
   Geo g_;
   ManualClock clock_;
+  // What BetweenSteps found wrong; "" while nothing. Declared before the
+  // pool, so it outlives it.
+  std::string step_errors_;
+  bool torn_down_ = false;  // BetweenSteps does nothing from then on
   // Destroyed in reverse: the pool first, then what it uses.
   std::unique_ptr<HostBackend> host_;
   std::unique_ptr<testing_support::GatedBackend> gate_;
