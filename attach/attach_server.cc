@@ -515,6 +515,9 @@ absl::StatusOr<int64_t> AttachServer::Session::SubscribeToPages(
 }
 
 bool AttachServer::Session::FlushOutbox() {
+  // The hot path: nothing queued, nothing broken (a broken outbox stays
+  // pending).
+  if (!outbox_.pending()) return true;
   if (outbox_.broken()) {
     LogLine("attach: session %d (%s): a page could not be passed; ending it",
             id_, holder_);

@@ -18,10 +18,10 @@ void Outbox::SetDevices(std::vector<int> device_indices) {
 }
 
 void Outbox::SignalLocked() {
-  if (signaled_) return;
+  if (signaled_.load(std::memory_order_relaxed)) return;
   const uint64_t one = 1;
   (void)!write(event_.get(), &one, sizeof(one));
-  signaled_ = true;
+  signaled_.store(true, std::memory_order_release);
 }
 
 void Outbox::QueuePagesLocked(absl::Span<const MappedPage> pages,
@@ -91,14 +91,16 @@ void Outbox::Queue(v1::Frame frame) {
 }
 
 absl::Status Outbox::Drain(FrameChannel& channel) {
+  // Nothing queued since the last Drain: no lock, no syscall (the
+  // session's hot path calls Drain before every reply).
+  if (!pending()) return absl::OkStatus();
   {
-    // Nothing queued since the last Drain: no syscall (the session's hot
-    // path calls Drain before every reply).
     absl::MutexLock lock(&mu_);
-    if (!signaled_) return absl::OkStatus();
-    uint64_t count;
-    (void)!read(event_.get(), &count, sizeof(count));
-    signaled_ = false;
+    if (!broken_) {
+      uint64_t count;
+      (void)!read(event_.get(), &count, sizeof(count));
+      signaled_.store(false, std::memory_order_relaxed);
+    }
   }
   while (true) {
     Outgoing next;
@@ -123,8 +125,7 @@ absl::Status Outbox::Drain(FrameChannel& channel) {
       absl::MutexLock lock(&mu_);
       pages_revoked_ += next.frame.revoke().page_ids_size();
     } else if (next.frame.has_session_end()) {
-      absl::MutexLock lock(&mu_);
-      pool_closed_sent_ = true;
+      pool_closed_sent_.store(true, std::memory_order_release);
     }
   }
 }
@@ -142,11 +143,6 @@ int64_t Outbox::pages_sent() const {
 int64_t Outbox::pages_revoked() const {
   absl::MutexLock lock(&mu_);
   return pages_revoked_;
-}
-
-bool Outbox::pool_closed_sent() const {
-  absl::MutexLock lock(&mu_);
-  return pool_closed_sent_;
 }
 
 }  // namespace kvbroker::attach

@@ -20,11 +20,16 @@
 // Thread safety: OnPagesMapped and the Queue calls from any thread; Drain
 // from the session's thread only. The eventfd is readable while frames wait
 // (from the first frame queued after a Drain to the next Drain); Drain reads
-// it only then, so a Drain with nothing queued makes no syscall.
+// it only then, so a Drain with nothing queued makes no syscall and takes no
+// lock: it reads one atomic flag. That read is enough for the ordering
+// above: a listener sets the flag before the pool hands out a block on the
+// announced page, and the session thread's pool call that receives such a
+// block synchronizes with the pool's lock, so its next Drain sees the flag.
 
 #ifndef KVBROKER_ATTACH_OUTBOX_H_
 #define KVBROKER_ATTACH_OUTBOX_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -72,6 +77,9 @@ class Outbox : public PageListener {
   // returns its error; the frames left are dropped with their fds.
   absl::Status Drain(FrameChannel& channel) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether anything was queued (or the outbox broke) since the last Drain;
+  // no lock, no syscall. False means Drain has nothing to send.
+  bool pending() const { return signaled_.load(std::memory_order_acquire); }
   // A duplicate fd could not be made: the engine missed a page.
   bool broken() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages sent in PagesMapped frames so far.
@@ -79,7 +87,9 @@ class Outbox : public PageListener {
   // Pages named in Revoke frames sent so far.
   int64_t pages_revoked() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the pool-deleted SessionEnd has been sent.
-  bool pool_closed_sent() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool pool_closed_sent() const {
+    return pool_closed_sent_.load(std::memory_order_acquire);
+  }
 
  private:
   struct Outgoing {
@@ -99,12 +109,14 @@ class Outbox : public PageListener {
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   // Whether the eventfd's counter is non-zero: set by the first signal
-  // after a Drain, cleared (and the counter read) by Drain. Every queued
-  // frame was queued with it set or is being sent by the running Drain.
-  bool signaled_ ABSL_GUARDED_BY(mu_) = false;
+  // after a Drain, cleared (and the counter read) by Drain, both under mu_;
+  // read without it by pending(). Every queued frame was queued with it set
+  // or is being sent by the running Drain. Once broken_, it stays set.
+  std::atomic<bool> signaled_{false};
   int64_t pages_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pages_revoked_ ABSL_GUARDED_BY(mu_) = 0;
-  bool pool_closed_sent_ ABSL_GUARDED_BY(mu_) = false;
+  // Written by Drain (the session's thread).
+  std::atomic<bool> pool_closed_sent_{false};
 };
 
 }  // namespace kvbroker::attach
