@@ -363,7 +363,8 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
     int64_t num_blocks, const std::string& request_id) {
   kv1::AllocRequest request;
   request.set_num_blocks(num_blocks);
-  request.set_request_id(request_id);
+  // An empty id is proto3's default: setting it would only allocate.
+  if (!request_id.empty()) request.set_request_id(request_id);
   absl::StatusOr<kv1::AllocResponse> r = Alloc(std::move(request));
   if (!r.ok()) return r.status();
   std::vector<int64_t> ids;
@@ -391,7 +392,7 @@ absl::StatusOr<kv1::FreeResponse> Session::Free(
     absl::Span<const int64_t> block_ids, const std::string& request_id) {
   kv1::FreeRequest request;
   request.mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
-  request.set_request_id(request_id);
+  if (!request_id.empty()) request.set_request_id(request_id);
   return Free(std::move(request));
 }
 
