@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -49,9 +50,17 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
   const BlockId repeated_id = repeated ? *dup : 0;
   const int64_t max_blocks = geometry_.max_blocks();
   // Step k covers ascending[cuts[k], cuts[k + 1]): ids on at most
-  // kStepPages pages (docs/design.md, "Bounded lock hold").
-  std::vector<size_t> cuts = {0};
-  if (!repeated && ascending.size() > kStepPages) {
+  // kStepPages pages (docs/design.md, "Bounded lock hold"). page_of is
+  // monotone, so valid ascending ids whose first and last pages are fewer
+  // than kStepPages apart make one step without a walk.
+  absl::InlinedVector<size_t, 2> cuts = {0};
+  const bool one_step =
+      ascending.size() <= kStepPages ||
+      (ascending.front() >= 0 && ascending.back() < max_blocks &&
+       geometry_.page_of(ascending.back()) -
+               geometry_.page_of(ascending.front()) <
+           static_cast<PageId>(kStepPages));
+  if (!repeated && !one_step) {
     PageId last = -1;
     size_t pages = 0;
     for (size_t i = 0; i < ascending.size(); ++i) {

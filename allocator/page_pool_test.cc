@@ -4,10 +4,12 @@
 
 #include "allocator/page_pool.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
@@ -144,6 +146,47 @@ TEST_F(PagePoolTest, NullBlockNeverFreedOrTrimmed) {
   EXPECT_EQ(t->pages_unmapped, 0);
   EXPECT_EQ(host_.live_handles(), 1);
   EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+// A Free is cut into steps by the pages its ids span, not by their count:
+// ids on eight pages are one step (no pause between steps), ids on nine
+// are two (one pause validating, one returning).
+TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
+  PoolConfig c;
+  c.name = "p";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(512);  // 4 blocks per page
+  c.max_blocks = 64;         // 16 pages
+  PoolOptions o;
+  int pauses = 0;
+  o.between_steps = [&pauses] { ++pauses; };
+  auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  PagePool& pool = **made;
+  auto r = pool.Alloc({64, "", "", {}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<BlockId> ids = AllBlockIds(*r);
+  std::sort(ids.begin(), ids.end());
+  ASSERT_EQ(ids.size(), 64u);
+  ASSERT_EQ(ids.front(), 0);
+
+  pauses = 0;  // blocks 0..31: 32 ids on pages 0..7
+  ASSERT_TRUE(
+      pool.Free({std::vector<BlockId>(ids.begin(), ids.begin() + 32), ""})
+          .ok());
+  EXPECT_EQ(pauses, 0);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+
+  pauses = 0;  // nine ids on pages 8..15
+  ASSERT_TRUE(pool.Free({{32, 33, 36, 40, 44, 48, 52, 56, 60}, ""}).ok());
+  EXPECT_EQ(pauses, 0);
+
+  auto again = pool.Alloc({32 + 9, "", "", {}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  pauses = 0;  // one block on each of pages 0..8: nine pages
+  ASSERT_TRUE(pool.Free({{0, 4, 8, 12, 16, 20, 24, 28, 32}, ""}).ok());
+  EXPECT_EQ(pauses, 2);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
 }
 
 TEST_F(PagePoolTest, DataSurvivesNeighbourMappingChurn) {

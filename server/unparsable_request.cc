@@ -67,7 +67,8 @@ UnparsableRequestInterceptorFactory::CreateServerInterceptor(
   if (info->type() != Type::UNARY && info->type() != Type::SERVER_STREAMING) {
     return nullptr;
   }
-  if (info->method() != nullptr && parsed_elsewhere_.contains(info->method())) {
+  if (!parsed_elsewhere_.empty() && info->method() != nullptr &&
+      parsed_elsewhere_.contains(info->method())) {
     return nullptr;
   }
   return new UnparsableRequestInterceptor(info->method());
