@@ -21,15 +21,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/clock.h"
@@ -459,29 +462,48 @@ void CheckBetweenSteps(Stepping* st) {
   st->inside = false;
 }
 
-TEST(ConcurrentPropertyTest, CallerBetweenStepsSeesAnExactPool) {
-  constexpr int64_t kPages = 40, kPerPage = 4;
-  HostBackendOptions ho;
-  ho.device_count = 1;
-  ho.device_total = MiB(2 * 200);
-  ho.granularity = MiB(2);
-  HostBackend host(ho);
-  DeviceBudgets budgets(&host, 1.0);
-  ASSERT_TRUE(budgets.Init().ok());
+// A pool of 40 pages of 2 MiB, four blocks each, on one host device, with
+// `between_steps` called between the steps of its long locked walks.
+constexpr int64_t kStepPoolPages = 40, kStepBlocksPerPage = 4;
+struct SteppedRig {
+  SteppedRig(const std::string& name, int64_t max_idle_pages,
+             std::function<void()> between_steps)
+      : host(Options()), budgets(&host, 1.0) {
+    if (absl::Status s = budgets.Init(); !s.ok()) {
+      pool = s;
+      return;
+    }
+    PoolConfig pc;
+    pc.name = name;
+    pc.page_size = MiB(2);
+    pc.block_bytes = Bytes(MiB(2).value() / kStepBlocksPerPage);
+    pc.max_blocks = kStepPoolPages * kStepBlocksPerPage;
+    PoolOptions po;
+    po.min_idle_pages = 0;
+    po.max_idle_pages = max_idle_pages;
+    po.between_steps = std::move(between_steps);
+    pool = PagePool::Create(pc, &host, &budgets, &clock, po);
+  }
+  static HostBackendOptions Options() {
+    HostBackendOptions ho;
+    ho.device_count = 1;
+    ho.device_total = MiB(2 * 200);
+    ho.granularity = MiB(2);
+    return ho;
+  }
+  HostBackend host;
+  DeviceBudgets budgets;
   ManualClock clock;
-  PoolConfig pc;
-  pc.name = "steps";
-  pc.page_size = MiB(2);
-  pc.block_bytes = Bytes(MiB(2).value() / kPerPage);
-  pc.max_blocks = kPages * kPerPage;
-  PoolOptions po;
-  po.min_idle_pages = 0;
-  po.max_idle_pages = kPages;
+  absl::StatusOr<std::unique_ptr<PagePool>> pool;
+};
+
+TEST(ConcurrentPropertyTest, CallerBetweenStepsSeesAnExactPool) {
   Stepping st;
-  po.between_steps = [&st] { CheckBetweenSteps(&st); };
-  auto pool_or = PagePool::Create(pc, &host, &budgets, &clock, po);
-  ASSERT_TRUE(pool_or.ok()) << pool_or.status();
-  PagePool& pool = **pool_or;
+  SteppedRig rig("steps", kStepPoolPages, [&st] { CheckBetweenSteps(&st); });
+  ASSERT_TRUE(rig.pool.ok()) << rig.pool.status();
+  PagePool& pool = **rig.pool;
+  HostBackend& host = rig.host;
+  constexpr int64_t kPages = kStepPoolPages, kPerPage = kStepBlocksPerPage;
   st.pool = &pool;
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE(absl::StrCat("round ", round));
@@ -531,26 +553,12 @@ TEST(ConcurrentPropertyTest, CallerBetweenStepsSeesAnExactPool) {
 // frees them, the other is refused with BLOCK_NOT_ALLOCATED, never both;
 // meanwhile a third thread checks the invariants between the steps.
 TEST(ConcurrentPropertyTest, TwoFreesOfTheSameIdsFreeThemOnce) {
-  constexpr int64_t kPages = 40, kPerPage = 4;
-  HostBackendOptions ho;
-  ho.device_count = 1;
-  ho.device_total = MiB(2 * 200);
-  ho.granularity = MiB(2);
-  HostBackend host(ho);
-  DeviceBudgets budgets(&host, 1.0);
-  ASSERT_TRUE(budgets.Init().ok());
-  ManualClock clock;
-  PoolConfig pc;
-  pc.name = "twice";
-  pc.page_size = MiB(2);
-  pc.block_bytes = Bytes(MiB(2).value() / kPerPage);
-  pc.max_blocks = kPages * kPerPage;
-  PoolOptions po;
-  po.min_idle_pages = 0;
-  po.max_idle_pages = kPages / 2;  // the rest are unmapped by the Free
-  auto pool_or = PagePool::Create(pc, &host, &budgets, &clock, po);
-  ASSERT_TRUE(pool_or.ok()) << pool_or.status();
-  PagePool& pool = **pool_or;
+  // Half the pages stay IDLE; the rest are unmapped by the Free.
+  SteppedRig rig("twice", kStepPoolPages / 2, nullptr);
+  ASSERT_TRUE(rig.pool.ok()) << rig.pool.status();
+  PagePool& pool = **rig.pool;
+  HostBackend& host = rig.host;
+  constexpr int64_t kPages = kStepPoolPages, kPerPage = kStepBlocksPerPage;
   std::atomic<bool> stop{false};
   std::atomic<int64_t> bad_invariants{0};
   std::thread checker([&] {
