@@ -3,6 +3,11 @@
 // absl::Mutex; and a holder between two steps of a long walk can hand it to
 // a thread that waits (docs/design.md, "Locking").
 //
+// The bound is a time, process-wide (SetSpinBound; kvbrokerd's
+// --pool_lock_spin): about what parking and being woken costs, so that a
+// waiter never burns more CPU spinning than the hand-off it avoids, and
+// the same on every CPU whatever its pause instruction takes.
+//
 // Why: what the pool does under its lock is short (microseconds), and on a
 // busy machine the wake-up of a parked thread costs far more than the wait
 // itself. A waiter that spins takes the lock as soon as it is released; it
@@ -23,6 +28,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -32,9 +39,22 @@ namespace kvbroker {
 
 class ABSL_LOCKABLE SpinThenLock {
  public:
-  // Tries before parking, each after a pause hint: the time this takes
-  // depends on the CPU (121 us where a pause takes 60 ns; docs/design.md).
-  static constexpr int kSpins = 2000;
+  // How long a waiter spins before it parks, unless SetSpinBound says
+  // otherwise (bench/RESULTS.md has the measurements behind it).
+  static constexpr int64_t kDefaultSpinBoundNs = 10'000;
+
+  // Sets the spin bound of every SpinThenLock in the process; zero parks at
+  // once. Meant to be called at start-up (a lock spinning meanwhile keeps
+  // the bound it read).
+  static void SetSpinBound(absl::Duration bound) {
+    spin_ns_.store(bound <= absl::ZeroDuration()
+                       ? 0
+                       : absl::ToInt64Nanoseconds(bound),
+                   std::memory_order_relaxed);
+  }
+  static absl::Duration spin_bound() {
+    return absl::Nanoseconds(spin_ns_.load(std::memory_order_relaxed));
+  }
 
   SpinThenLock() = default;
   SpinThenLock(const SpinThenLock&) = delete;
@@ -43,12 +63,11 @@ class ABSL_LOCKABLE SpinThenLock {
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (mu_.TryLock()) return;
     waiters_.fetch_add(1, std::memory_order_relaxed);
-    bool got = false;
-    for (int i = 0; i < kSpins && !got; ++i) {
-      Pause();
-      got = mu_.TryLock();
+    if (!SpinUntil([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return mu_.TryLock();
+        })) {
+      mu_.Lock();
     }
-    if (!got) mu_.Lock();
     waiters_.fetch_sub(1, std::memory_order_relaxed);
   }
 
@@ -71,15 +90,33 @@ class ABSL_LOCKABLE SpinThenLock {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     const int64_t waiting = waiters_.load(std::memory_order_relaxed);
     mu_.Unlock();
-    for (int i = 0; i < kSpins && waiting > 0 &&
-                    waiters_.load(std::memory_order_relaxed) >= waiting;
-         ++i) {
-      Pause();
+    if (waiting > 0) {
+      SpinUntil([&] {
+        return waiters_.load(std::memory_order_relaxed) < waiting;
+      });
     }
     Lock();
   }
 
  private:
+  // Pauses until `done()` holds or the spin bound has passed; returns
+  // whether it held. The clock is read once per kPausesPerClockRead pauses
+  // (a vDSO read costs a few tens of nanoseconds, a pause about as much).
+  template <typename Done>
+  static bool SpinUntil(Done&& done) {
+    const int64_t bound = spin_ns_.load(std::memory_order_relaxed);
+    if (bound == 0) return false;
+    const int64_t until = absl::GetCurrentTimeNanos() + bound;
+    while (true) {
+      for (int i = 0; i < kPausesPerClockRead; ++i) {
+        Pause();
+        if (done()) return true;
+      }
+      if (absl::GetCurrentTimeNanos() >= until) return false;
+    }
+  }
+  static constexpr int kPausesPerClockRead = 16;
+
   static void Pause() {
 #if defined(__x86_64__) || defined(__i386__)
     _mm_pause();
@@ -87,6 +124,9 @@ class ABSL_LOCKABLE SpinThenLock {
     asm volatile("yield");
 #endif
   }
+
+  // The spin bound in nanoseconds, for every lock of the process.
+  static inline std::atomic<int64_t> spin_ns_{kDefaultSpinBoundNs};
 
   absl::Mutex mu_;
   // Threads inside Lock() that did not get the lock at once.

@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "allocator/host_backend.h"
+#include "allocator/spin_then_lock.h"
 #include "bench/proto/ping.grpc.pb.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "server/daemon.h"
@@ -56,6 +57,10 @@ ABSL_FLAG(int, watch_interval_ms, -1,
           "the daemon's watch notifier interval; -1: its default");
 ABSL_FLAG(std::string, server_threading, "callback",
           "callback or poller (kvbrokerd --server_threading)");
+ABSL_FLAG(absl::Duration, pool_lock_spin,
+          absl::Nanoseconds(kvbroker::SpinThenLock::kDefaultSpinBoundNs),
+          "how long a call that finds the pool lock held spins before it "
+          "sleeps (kvbrokerd --pool_lock_spin)");
 ABSL_FLAG(int, poller_workers, 2, "poller mode: worker threads");
 
 namespace kvbroker {
@@ -547,6 +552,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  kvbroker::SpinThenLock::SetSpinBound(absl::GetFlag(FLAGS_pool_lock_spin));
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return kvbroker::Main();
 }

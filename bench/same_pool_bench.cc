@@ -69,6 +69,7 @@
 #include "absl/time/clock.h"
 #include "allocator/device_budget.h"
 #include "allocator/page_pool.h"
+#include "allocator/spin_then_lock.h"
 #include "bench/bench_backend.h"
 
 ABSL_FLAG(std::string, backend, "host", "host or cuda");
@@ -80,6 +81,10 @@ ABSL_FLAG(bool, control, false,
           "work outside the pool");
 ABSL_FLAG(bool, pin, false,
           "pin the measured thread and the other thread to distinct CPUs");
+ABSL_FLAG(absl::Duration, pool_lock_spin,
+          absl::Nanoseconds(kvbroker::SpinThenLock::kDefaultSpinBoundNs),
+          "how long a call that finds the pool lock held spins before it "
+          "sleeps (kvbrokerd --pool_lock_spin)");
 ABSL_FLAG(int, handoff_hold_us, 10,
           "mutex hand-off probe: how long the holder keeps the lock");
 
@@ -514,6 +519,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  kvbroker::SpinThenLock::SetSpinBound(absl::GetFlag(FLAGS_pool_lock_spin));
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return kvbroker::Main();
 }

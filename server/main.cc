@@ -33,6 +33,7 @@
 #include "allocator/cuda_backend.h"
 #include "allocator/failure.h"
 #include "allocator/host_backend.h"
+#include "allocator/spin_then_lock.h"
 #include "allocator/units.h"
 #include "attach/attach_server.h"
 #include "common/byte_size.h"
@@ -159,6 +160,11 @@ ABSL_FLAG(int, max_watches_per_caller, 1024,
 ABSL_FLAG(absl::Duration, revoke_deadline, absl::Seconds(10),
           "How long an attached engine has to acknowledge a page revocation "
           "(unmap the page) before the page counts as quarantined.");
+ABSL_FLAG(absl::Duration, pool_lock_spin,
+          absl::Nanoseconds(kvbroker::SpinThenLock::kDefaultSpinBoundNs),
+          "How long a call that finds a pool's lock held spins before it "
+          "sleeps (0: sleep at once). About the cost of a sleep and wake-up "
+          "on the machine; docs/design.md, \"Locking\".");
 ABSL_FLAG(absl::Duration, watch_interval, absl::Milliseconds(20),
           "WatchCapacity snapshots of one pool are built at most once per "
           "interval (changes in between are coalesced).");
@@ -221,6 +227,11 @@ absl::Status CheckFlags() {
   }
   if (absl::GetFlag(FLAGS_revoke_deadline) <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--revoke_deadline must be positive");
+  }
+  if (absl::GetFlag(FLAGS_pool_lock_spin) < absl::ZeroDuration() ||
+      absl::GetFlag(FLAGS_pool_lock_spin) > absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(
+        "--pool_lock_spin must be between 0 and 1ms");
   }
   if (absl::GetFlag(FLAGS_drain_quiet) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_quiet must not be negative");
@@ -341,6 +352,7 @@ int Run() {
       MakeBackend(absl::GetFlag(FLAGS_backend), host_options);
   if (!backend.ok()) return Fail(backend.status());
 
+  SpinThenLock::SetSpinBound(absl::GetFlag(FLAGS_pool_lock_spin));
   BrokerOptions broker_options;
   broker_options.gpu_memory_utilization =
       absl::GetFlag(FLAGS_gpu_memory_utilization);

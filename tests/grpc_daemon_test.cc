@@ -715,8 +715,10 @@ TEST(KvbrokerdProcess, BadFlagsFailClearly) {
         {BackendFlag(), "--pools=/nonexistent", "--listen=127.0.0.1:0"});
     EXPECT_EQ(daemon.WaitExit(absl::Seconds(10)), 1);
   }
-  for (const char* flag : {"--server_threading=threads", "--poller_workers=0",
-                           "--poller_workers=-3"}) {
+  for (const char* flag :
+       {"--server_threading=threads", "--poller_workers=0",
+        "--poller_workers=-3", "--pool_lock_spin=-1us",
+        "--pool_lock_spin=2ms", "--pool_lock_spin=fast"}) {
     Kvbrokerd daemon({BackendFlag(), "--listen=127.0.0.1:0", flag});
     EXPECT_EQ(daemon.WaitExit(absl::Seconds(10)), 1) << flag;
   }
