@@ -33,6 +33,10 @@ namespace kv1 = ::kvbroker::v1;
 constexpr size_t kRememberedFrees = 1024;
 // How long a reply may wait for an engine that does not read its socket.
 constexpr int kSendTimeoutSeconds = 10;
+// How long a session thread waits for its engine before it looks at its
+// outbox and its pool again (SO_RCVTIMEO): the longest a frame that could
+// not be sent at once, or a deleted pool's end, waits for it.
+constexpr int kIdleTickMicros = 100000;
 
 absl::Status Errno(absl::string_view what, int err) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(err)));
@@ -109,7 +113,10 @@ std::string HolderRequestId(absl::string_view holder, absl::string_view id) {
 class AttachServer::Session {
  public:
   Session(AttachServer* server, uint64_t id, UniqueFd socket)
-      : server_(server), id_(id), channel_(std::move(socket)) {}
+      : server_(server),
+        id_(id),
+        channel_(std::move(socket)),
+        outbox_(&channel_) {}
 
   void Start() {
     thread_ = std::thread([this] { Run(); });
@@ -119,6 +126,9 @@ class AttachServer::Session {
   }
 
   uint64_t id() const { return id_; }
+  // Ends the session's wait for the engine (Stop): its next receive reads
+  // end of stream. Called under the server's lock.
+  void Interrupt() { shutdown(channel_.fd(), SHUT_RD); }
   // Set once by Hello / Attach on the session's thread, read under the
   // server's lock by Sessions().
   const std::string& holder() const { return holder_; }
@@ -152,6 +162,11 @@ class AttachServer::Session {
   absl::StatusOr<int64_t> SubscribeToPages(const std::vector<int>& devices);
   // Sends what the outbox holds; false when the session must end.
   bool FlushOutbox();
+  // False when the outbox broke (the session must end; the engine was
+  // told once); true otherwise, sending nothing.
+  bool CheckOutbox();
+  // SO_RCVTIMEO of the session's socket.
+  void SetReceiveTimeout(absl::Duration timeout);
   // Unregisters the outbox from the pool (the session ends); its pending
   // revocations count as acknowledged.
   void UnsubscribeFromPages();
@@ -191,6 +206,8 @@ class AttachServer::Session {
   // Frames the daemon starts; registered with pool_ while attached.
   Outbox outbox_;
   bool subscribed_ = false;
+  // The PAGE_NOT_PASSED SessionEnd of a broken outbox was sent.
+  bool broken_sent_ = false;
   // When Hello was accepted; written under the server's lock.
   absl::Time attached_since_;
   // The seq of the engine's SessionEnd; 0 when it sent none or sent it
@@ -199,41 +216,38 @@ class AttachServer::Session {
 };
 
 void AttachServer::Session::Run() {
+  bool closing = false;
   while (true) {
     // After the pool's deletion was announced (its SessionEnd sent), the
     // session waits for the engine's acknowledgements while any revocation
     // is within its deadline (on the pool's clock: looked at every 10 ms),
     // then ends; pages still unacknowledged are released as it leaves.
-    int timeout_ms = -1;
     if (outbox_.pool_closed_sent()) {
       release_on_end_ = true;  // the blocks went with the pool
       if (pool_->revocations_in_time(&outbox_) == 0) break;
-      timeout_ms = 10;
+      if (!closing) {
+        closing = true;
+        SetReceiveTimeout(absl::Milliseconds(10));
+      }
     }
-    pollfd fds[3] = {{channel_.fd(), POLLIN, 0},
-                     {server_->wake_.get(), POLLIN, 0},
-                     {outbox_.event_fd(), POLLIN, 0}};
-    const int ready = poll(fds, 3, timeout_ms);
-    if (ready == 0) continue;
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    if (fds[1].revents & POLLIN) {
-      v1::Frame end;
-      end.mutable_session_end()->set_message("kvbrokerd is stopping");
-      end.mutable_session_end()->set_reason(v1::DAEMON_STOPPING);
-      channel_.Send(end).IgnoreError();
-      break;
-    }
-    if (fds[2].revents & POLLIN) {
-      if (!FlushOutbox()) break;
-      if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    }
+    // The wait is on the socket alone (outbox.h): frames the daemon starts
+    // meanwhile are sent by whoever queues them, Stop shuts the socket's
+    // reading side, and the receive timeout bounds how long a frame that
+    // could not be sent at once, or a closing pool, waits for this thread.
+    if (outbox_.pending() && !FlushOutbox()) break;
+    outbox_.BeginWait();
     absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    outbox_.EndWait();
     if (!got.ok()) {
+      if (absl::IsDeadlineExceeded(got.status())) continue;
       if (ProtocolErrorOf(got.status()) == v1::PROTOCOL_ERROR_UNSPECIFIED) {
-        break;  // peer closed or the socket failed
+        if (server_->stopping()) {
+          v1::Frame end;
+          end.mutable_session_end()->set_message("kvbrokerd is stopping");
+          end.mutable_session_end()->set_reason(v1::DAEMON_STOPPING);
+          outbox_.Send(end).IgnoreError();
+        }
+        break;  // peer closed, the daemon stops, or the socket failed
       }
       Reply(0, got.status());
       continue;
@@ -244,12 +258,19 @@ void AttachServer::Session::Run() {
   ConfirmEnd(server_->Finished(this));
 }
 
+void AttachServer::Session::SetReceiveTimeout(absl::Duration timeout) {
+  const int64_t us = absl::ToInt64Microseconds(timeout);
+  const timeval tv = {static_cast<time_t>(us / 1000000),
+                      static_cast<suseconds_t>(us % 1000000)};
+  setsockopt(channel_.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
 void AttachServer::Session::ConfirmEnd(const std::string& outcome) {
   if (end_seq_ == 0) return;
   v1::Frame end;
   end.set_seq(end_seq_);
   end.mutable_session_end()->set_message(outcome);
-  channel_.Send(end).IgnoreError();
+  outbox_.Send(end).IgnoreError();
 }
 
 void AttachServer::Session::Reply(uint64_t seq,
@@ -262,11 +283,14 @@ void AttachServer::Session::Reply(uint64_t seq,
   }
   out.set_seq(seq);
   // An attach's reply precedes its snapshot; every other reply follows
-  // what was queued before it (outbox.h).
-  const bool attach_reply = out.has_attach_reply();
-  if (!attach_reply) FlushOutbox();
-  channel_.Send(out).IgnoreError();  // a gone peer ends the loop on receive
-  if (attach_reply) FlushOutbox();
+  // what was queued before it (outbox.h). A gone peer ends the loop on
+  // receive.
+  if (out.has_attach_reply()) {
+    outbox_.Send(out).IgnoreError();
+    FlushOutbox();
+  } else if (CheckOutbox()) {
+    outbox_.SendAfterQueued(out).IgnoreError();
+  }
 }
 
 bool AttachServer::Session::Handle(ReceivedFrame received) {
@@ -495,9 +519,6 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnAttach(
 
 absl::StatusOr<int64_t> AttachServer::Session::SubscribeToPages(
     const std::vector<int>& devices) {
-  if (outbox_.event_fd() < 0) {
-    return absl::UnavailableError("the session's eventfd could not be made");
-  }
   outbox_.SetDevices(devices);
   int64_t pages = 0;
   absl::Status s =
@@ -515,20 +536,26 @@ absl::StatusOr<int64_t> AttachServer::Session::SubscribeToPages(
 }
 
 bool AttachServer::Session::FlushOutbox() {
+  return CheckOutbox() && outbox_.Drain().ok();
+}
+
+bool AttachServer::Session::CheckOutbox() {
   // The hot path: nothing queued, nothing broken (a broken outbox stays
   // pending).
   if (!outbox_.pending()) return true;
   if (outbox_.broken()) {
+    if (broken_sent_) return false;
+    broken_sent_ = true;
     LogLine("attach: session %d (%s): a page could not be passed; ending it",
             id_, holder_);
     v1::Frame end;
     end.mutable_session_end()->set_message(
         "kvbrokerd could not pass a mapped page (out of file descriptors)");
     end.mutable_session_end()->set_reason(v1::PAGE_NOT_PASSED);
-    channel_.Send(end).IgnoreError();
+    outbox_.Send(end).IgnoreError();
     return false;
   }
-  return outbox_.Drain(channel_).ok();
+  return true;
 }
 
 void AttachServer::Session::OnRevokeAck(uint64_t seq,
@@ -778,6 +805,9 @@ void AttachServer::AcceptLoop() {
     const timeval send_timeout = {kSendTimeoutSeconds, 0};
     setsockopt(conn.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
                sizeof(send_timeout));
+    const timeval idle_tick = {0, kIdleTickMicros};
+    setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &idle_tick,
+               sizeof(idle_tick));
     absl::MutexLock lock(&mu_);
     if (stopping_) break;
     if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
@@ -862,13 +892,18 @@ void AttachServer::Stop() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
+    stopping_flag_.store(true, std::memory_order_release);
+    // A session thread waiting for its engine reads end of stream and
+    // ends, telling the engine why (Session::Run).
+    for (auto& [id, session] : sessions_) session->Interrupt();
   }
   const uint64_t one = 1;
   if (write(wake_.get(), &one, sizeof(one)) < 0) {
     LogLine("attach: cannot wake the sessions: %s", strerror(errno));
   }
   if (accept_thread_.joinable()) accept_thread_.join();
-  // Session threads end on the wake-up and move themselves to finished_.
+  // Session threads end on the interruption and move themselves to
+  // finished_.
   while (true) {
     std::vector<std::unique_ptr<Session>> done;
     bool empty;

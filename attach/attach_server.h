@@ -37,6 +37,7 @@
 #ifndef KVBROKER_ATTACH_ATTACH_SERVER_H_
 #define KVBROKER_ATTACH_ATTACH_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -148,8 +149,14 @@ class AttachServer final : public SessionDirectory {
   Broker* const broker_;
   const AttachServerOptions options_;
   const UniqueFd listener_;
-  // eventfd: readable once Stop began; every thread polls it.
+  // Stop began (stopping_, readable without the lock by session threads).
+  bool stopping() const {
+    return stopping_flag_.load(std::memory_order_acquire);
+  }
+
+  // eventfd: readable once Stop began; the accept loop polls it.
   const UniqueFd wake_;
+  std::atomic<bool> stopping_flag_{false};
   std::thread accept_thread_;
 
   mutable absl::Mutex mu_;

@@ -130,6 +130,17 @@ absl::StatusOr<FrameChannel> FrameChannel::Connect(absl::string_view path) {
 
 absl::Status FrameChannel::Send(const v1::Frame& frame,
                                 absl::Span<const int> fds) {
+  return SendWithFlags(frame, fds, MSG_NOSIGNAL);
+}
+
+absl::Status FrameChannel::TrySend(const v1::Frame& frame,
+                                   absl::Span<const int> fds) {
+  return SendWithFlags(frame, fds, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+absl::Status FrameChannel::SendWithFlags(const v1::Frame& frame,
+                                         absl::Span<const int> fds,
+                                         int flags) {
   const size_t body = frame.ByteSizeLong();
   if (body > kMaxFrameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -165,8 +176,12 @@ absl::Status FrameChannel::Send(const v1::Frame& frame,
   }
   ssize_t n;
   do {
-    n = sendmsg(socket_.get(), &msg, MSG_NOSIGNAL);
+    n = sendmsg(socket_.get(), &msg, flags);
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && (flags & MSG_DONTWAIT) &&
+      (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    return absl::ResourceExhaustedError("the socket's buffer is full");
+  }
   if (n < 0) return Errno("sendmsg", errno);
   return absl::OkStatus();
 }
@@ -186,6 +201,9 @@ absl::StatusOr<ReceivedFrame> FrameChannel::Receive() {
     // did not fit.
     n = recvmsg(socket_.get(), &msg, MSG_CMSG_CLOEXEC | MSG_TRUNC);
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    return absl::DeadlineExceededError("no frame within the receive timeout");
+  }
   if (n < 0) return Errno("recvmsg", errno);
 
   ReceivedFrame out;

@@ -99,13 +99,21 @@ class FrameChannel {
   // than kMaxFdsPerFrame fds; UNAVAILABLE when the peer is gone. Blocks while
   // the socket's buffer is full.
   absl::Status Send(const v1::Frame& frame, absl::Span<const int> fds = {});
+  // The same without blocking: RESOURCE_EXHAUSTED, and nothing sent, when
+  // the socket's buffer is full.
+  absl::Status TrySend(const v1::Frame& frame, absl::Span<const int> fds = {});
 
-  // Blocks for the next packet. CANCELLED "peer closed" at end of stream;
-  // UNAVAILABLE for socket errors; the typed errors of the file comment for
+  // Blocks for the next packet. CANCELLED "peer closed" at end of stream
+  // (or after shutdown(SHUT_RD) of this end); DEADLINE_EXCEEDED when the
+  // socket's receive timeout (SO_RCVTIMEO) passed; UNAVAILABLE for socket
+  // errors; the typed errors of the file comment for
   // bad packets (the channel stays usable after those).
   absl::StatusOr<ReceivedFrame> Receive();
 
  private:
+  absl::Status SendWithFlags(const v1::Frame& frame, absl::Span<const int> fds,
+                             int flags);
+
   UniqueFd socket_;
   // Receive buffer, reused: header + kMaxFrameBytes + 1 byte to spot excess.
   std::string buffer_;

@@ -3,25 +3,14 @@
 #include "attach/outbox.h"
 
 #include <fcntl.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
 
 namespace kvbroker::attach {
 
-Outbox::Outbox() : event_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
-
 void Outbox::SetDevices(std::vector<int> device_indices) {
   devices_ = std::move(device_indices);
-}
-
-void Outbox::SignalLocked() {
-  if (signaled_.load(std::memory_order_relaxed)) return;
-  const uint64_t one = 1;
-  (void)!write(event_.get(), &one, sizeof(one));
-  signaled_.store(true, std::memory_order_release);
 }
 
 void Outbox::QueuePagesLocked(absl::Span<const MappedPage> pages,
@@ -40,7 +29,7 @@ void Outbox::QueuePagesLocked(absl::Span<const MappedPage> pages,
         UniqueFd dup(fcntl(pages[i].fds[d], F_DUPFD_CLOEXEC, 0));
         if (!dup.valid()) {
           broken_ = true;
-          SignalLocked();
+          pending_.store(true, std::memory_order_seq_cst);
           return;
         }
         out.fds.push_back(std::move(dup));
@@ -48,16 +37,21 @@ void Outbox::QueuePagesLocked(absl::Span<const MappedPage> pages,
     }
     queue_.push_back(std::move(out));
   }
-  SignalLocked();
+  pending_.store(true, std::memory_order_seq_cst);
 }
 
 void Outbox::OnPagesMapped(absl::Span<const MappedPage> pages) {
-  absl::MutexLock lock(&mu_);
-  QueuePagesLocked(pages, 0);
+  {
+    absl::MutexLock lock(&mu_);
+    QueuePagesLocked(pages, 0);
+  }
+  DeliverIfWaiting();
 }
 
 int64_t Outbox::QueueSnapshot(absl::Span<const MappedPage> pages,
                               uint64_t seq) {
+  // Queued, not delivered: the attach's reply goes first (the session
+  // thread sends both).
   absl::MutexLock lock(&mu_);
   QueuePagesLocked(pages, seq);
   return static_cast<int64_t>(pages.size());
@@ -85,48 +79,92 @@ void Outbox::OnPoolClosed() {
 }
 
 void Outbox::Queue(v1::Frame frame) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back({std::move(frame), {}});
-  SignalLocked();
-}
-
-absl::Status Outbox::Drain(FrameChannel& channel) {
-  // Nothing queued since the last Drain: no lock, no syscall (the
-  // session's hot path calls Drain before every reply).
-  if (!pending()) return absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
-    if (!broken_) {
-      uint64_t count;
-      (void)!read(event_.get(), &count, sizeof(count));
-      signaled_.store(false, std::memory_order_relaxed);
+    queue_.push_back({std::move(frame), {}});
+    pending_.store(true, std::memory_order_seq_cst);
+  }
+  DeliverIfWaiting();
+}
+
+void Outbox::DeliverIfWaiting() {
+  // Either the session thread sees pending_ before it waits, or this sees
+  // it waiting (outbox.h). A send already under way sends this frame too,
+  // or leaves it to the session thread, which looks again before it waits
+  // and before every reply.
+  if (!waiting_.load(std::memory_order_seq_cst)) return;
+  if (!send_mu_.TryLock()) return;
+  (void)SendQueuedLocked(/*dont_wait=*/true);
+  send_mu_.Unlock();
+}
+
+void Outbox::BeginWait() {
+  waiting_.store(true, std::memory_order_seq_cst);
+  if (!pending()) return;
+  absl::MutexLock send(&send_mu_);
+  (void)SendQueuedLocked(/*dont_wait=*/true);
+}
+
+absl::Status Outbox::Drain() {
+  // Nothing queued: no lock, no syscall (the session's hot path calls
+  // Drain before every reply).
+  if (!pending()) return absl::OkStatus();
+  absl::MutexLock send(&send_mu_);
+  return SendQueuedLocked(/*dont_wait=*/false);
+}
+
+absl::Status Outbox::SendAfterQueued(const v1::Frame& frame) {
+  absl::MutexLock send(&send_mu_);
+  if (pending()) {
+    if (absl::Status s = SendQueuedLocked(/*dont_wait=*/false); !s.ok()) {
+      return s;
     }
   }
+  return channel_->Send(frame);
+}
+
+absl::Status Outbox::Send(const v1::Frame& frame) {
+  absl::MutexLock send(&send_mu_);
+  return channel_->Send(frame);
+}
+
+absl::Status Outbox::SendQueuedLocked(bool dont_wait) {
   while (true) {
-    Outgoing next;
+    // The front frame is read under mu_ and sent without it: only the
+    // holder of send_mu_ takes frames off the queue, and others only add
+    // to its back (deque references stay valid across push_back).
+    Outgoing* next;
     {
       absl::MutexLock lock(&mu_);
-      if (queue_.empty()) return absl::OkStatus();
-      next = std::move(queue_.front());
-      queue_.pop_front();
+      if (broken_) return absl::OkStatus();  // the session thread ends it
+      if (queue_.empty()) {
+        pending_.store(false, std::memory_order_seq_cst);
+        return absl::OkStatus();
+      }
+      next = &queue_.front();
     }
     std::vector<int> fds;
-    fds.reserve(next.fds.size());
-    for (const UniqueFd& fd : next.fds) fds.push_back(fd.get());
-    if (absl::Status s = channel.Send(next.frame, fds); !s.ok()) {
-      absl::MutexLock lock(&mu_);
+    fds.reserve(next->fds.size());
+    for (const UniqueFd& fd : next->fds) fds.push_back(fd.get());
+    absl::Status s = dont_wait ? channel_->TrySend(next->frame, fds)
+                               : channel_->Send(next->frame, fds);
+    if (dont_wait && absl::IsResourceExhausted(s)) {
+      return absl::OkStatus();  // would block: stays queued, still pending
+    }
+    absl::MutexLock lock(&mu_);
+    if (!s.ok()) {
       queue_.clear();
       return s;
     }
-    if (next.frame.has_pages_mapped()) {
-      absl::MutexLock lock(&mu_);
-      pages_sent_ += next.frame.pages_mapped().page_ids_size();
-    } else if (next.frame.has_revoke()) {
-      absl::MutexLock lock(&mu_);
-      pages_revoked_ += next.frame.revoke().page_ids_size();
-    } else if (next.frame.has_session_end()) {
+    const v1::Frame& f = next->frame;
+    if (f.has_pages_mapped()) {
+      pages_sent_ += f.pages_mapped().page_ids_size();
+    } else if (f.has_revoke()) {
+      pages_revoked_ += f.revoke().page_ids_size();
+    } else if (f.has_session_end()) {
       pool_closed_sent_.store(true, std::memory_order_release);
     }
+    queue_.pop_front();
   }
 }
 

@@ -17,14 +17,27 @@
 // broken: the session must end, as its engine can no longer learn every
 // page.
 //
-// Thread safety: OnPagesMapped and the Queue calls from any thread; Drain
-// from the session's thread only. The eventfd is readable while frames wait
-// (from the first frame queued after a Drain to the next Drain); Drain reads
-// it only then, so a Drain with nothing queued makes no syscall and takes no
-// lock: it reads one atomic flag. That read is enough for the ordering
-// above: a listener sets the flag before the pool hands out a block on the
-// announced page, and the session thread's pool call that receives such a
-// block synchronizes with the pool's lock, so its next Drain sees the flag.
+// Delivery without a wake-up (attach/README.md, "PagesMapped"): the
+// session thread waits for the engine on its socket alone, with no poll.
+// While it waits (BeginWait .. EndWait), whoever queues a frame sends it
+// itself, without blocking; the rest of the time the session thread sends
+// what is queued before each reply (SendAfterQueued). One send lock makes
+// every send on the channel, and the order of the queue, exclusive. A
+// frame that would block (the engine's socket buffer is full: it is not
+// reading) stays queued; the session thread sends it before its next
+// reply, or when its wait times out (the session's receive timeout).
+//
+// Thread safety: OnPagesMapped and the Queue calls from any thread;
+// BeginWait, EndWait and the Send calls from the session's thread only.
+// The check that nothing is queued reads one atomic flag: no lock, no
+// syscall. That read is enough for the ordering above: a listener sets the
+// flag before the pool hands out a block on the announced page, and the
+// session thread's pool call that receives such a block synchronizes with
+// the pool's lock, so the reply's send sees the flag. Between a queuing
+// thread and a waiting session thread the flag and `waiting_` are a
+// Dekker pair (both sequentially consistent): either the session thread
+// sees the frame before it waits, or the queuing thread sees it waiting
+// and sends.
 
 #ifndef KVBROKER_ATTACH_OUTBOX_H_
 #define KVBROKER_ATTACH_OUTBOX_H_
@@ -47,10 +60,8 @@ namespace kvbroker::attach {
 
 class Outbox : public PageListener {
  public:
-  Outbox();
-
-  // The eventfd the session thread polls; invalid if it could not be made.
-  int event_fd() const { return event_.get(); }
+  // Frames go out on `channel`, which outlives the outbox.
+  explicit Outbox(FrameChannel* channel) : channel_(channel) {}
 
   // Which of the pool's devices (indices into its device list) this session
   // maps, in the order of its layout. REQUIRES: called before the outbox is
@@ -72,14 +83,27 @@ class Outbox : public PageListener {
   // Any other frame the daemon starts.
   void Queue(v1::Frame frame) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Sends every queued frame, in order. Stops at the first failed send
-  // (the peer is gone or stuck; the session ends on its next receive) and
-  // returns its error; the frames left are dropped with their fds.
-  absl::Status Drain(FrameChannel& channel) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends every queued frame, in order, blocking while the socket is full.
+  // Stops at the first failed send (the peer is gone or stuck; the session
+  // ends on its next receive) and returns its error; the frames left are
+  // dropped with their fds.
+  absl::Status Drain() ABSL_LOCKS_EXCLUDED(mu_, send_mu_);
+  // Drain, then `frame` (a reply: it follows everything queued before it).
+  absl::Status SendAfterQueued(const v1::Frame& frame)
+      ABSL_LOCKS_EXCLUDED(mu_, send_mu_);
+  // `frame` alone, blocking; what is queued stays queued.
+  absl::Status Send(const v1::Frame& frame) ABSL_LOCKS_EXCLUDED(send_mu_);
 
-  // Whether anything was queued (or the outbox broke) since the last Drain;
-  // no lock, no syscall. False means Drain has nothing to send.
-  bool pending() const { return signaled_.load(std::memory_order_acquire); }
+  // The session thread is about to wait for the engine: from now on a
+  // queued frame is sent by the thread that queues it. Sends what is
+  // queued already, without blocking.
+  void BeginWait() ABSL_LOCKS_EXCLUDED(mu_, send_mu_);
+  // The wait is over (a frame came, or the receive timed out).
+  void EndWait() { waiting_.store(false, std::memory_order_seq_cst); }
+
+  // Whether anything was queued (or the outbox broke) and not yet sent; no
+  // lock, no syscall. False means Drain has nothing to send.
+  bool pending() const { return pending_.load(std::memory_order_seq_cst); }
   // A duplicate fd could not be made: the engine missed a page.
   bool broken() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages sent in PagesMapped frames so far.
@@ -99,20 +123,30 @@ class Outbox : public PageListener {
 
   void QueuePagesLocked(absl::Span<const MappedPage> pages, uint64_t seq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SignalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a frame was queued: sends it now if the session thread waits.
+  void DeliverIfWaiting() ABSL_LOCKS_EXCLUDED(mu_, send_mu_);
+  // Sends queued frames in order until none is left, or (dont_wait) one
+  // would block; a failed send drops the rest. REQUIRES: send_mu_.
+  absl::Status SendQueuedLocked(bool dont_wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
-  const UniqueFd event_;
+  FrameChannel* const channel_;
   // Written once before registration, then only read.
   std::vector<int> devices_;
 
+  // The send lock: held for every send on channel_, and for taking frames
+  // off the queue (a frame leaves the queue only once it is sent). Taken
+  // before mu_.
+  absl::Mutex send_mu_;
   mutable absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  // Whether the eventfd's counter is non-zero: set by the first signal
-  // after a Drain, cleared (and the counter read) by Drain, both under mu_;
-  // read without it by pending(). Every queued frame was queued with it set
-  // or is being sent by the running Drain. Once broken_, it stays set.
-  std::atomic<bool> signaled_{false};
+  // Whether the queue may hold frames: set under mu_ with every frame
+  // queued, cleared under mu_ by a send that found the queue empty; read
+  // without a lock by pending(). Once broken_, it stays set.
+  std::atomic<bool> pending_{false};
+  // The session thread waits for the engine (BeginWait .. EndWait).
+  std::atomic<bool> waiting_{false};
   int64_t pages_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pages_revoked_ ABSL_GUARDED_BY(mu_) = 0;
   // Written by Drain (the session's thread).
