@@ -101,7 +101,7 @@ void Outbox::DeliverIfWaiting() {
 void Outbox::BeginWait() {
   waiting_.store(true, std::memory_order_seq_cst);
   if (!pending()) return;
-  absl::MutexLock send(&send_mu_);
+  PlainMutexLock send(&send_mu_);
   (void)SendQueuedLocked(/*dont_wait=*/true);
 }
 
@@ -109,12 +109,12 @@ absl::Status Outbox::Drain() {
   // Nothing queued: no lock, no syscall (the session's hot path calls
   // Drain before every reply).
   if (!pending()) return absl::OkStatus();
-  absl::MutexLock send(&send_mu_);
+  PlainMutexLock send(&send_mu_);
   return SendQueuedLocked(/*dont_wait=*/false);
 }
 
 absl::Status Outbox::SendAfterQueued(const v1::Frame& frame) {
-  absl::MutexLock send(&send_mu_);
+  PlainMutexLock send(&send_mu_);
   if (pending()) {
     if (absl::Status s = SendQueuedLocked(/*dont_wait=*/false); !s.ok()) {
       return s;
@@ -124,7 +124,7 @@ absl::Status Outbox::SendAfterQueued(const v1::Frame& frame) {
 }
 
 absl::Status Outbox::Send(const v1::Frame& frame) {
-  absl::MutexLock send(&send_mu_);
+  PlainMutexLock send(&send_mu_);
   return channel_->Send(frame);
 }
 

@@ -54,6 +54,7 @@
 #include "allocator/page_listener.h"
 #include "attach/frame.h"
 #include "attach/unique_fd.h"
+#include "common/plain_mutex.h"
 #include "proto/kvbroker/v1/attach.pb.h"
 
 namespace kvbroker::attach {
@@ -136,8 +137,8 @@ class Outbox : public PageListener {
 
   // The send lock: held for every send on channel_, and for taking frames
   // off the queue (a frame leaves the queue only once it is sent). Taken
-  // before mu_.
-  absl::Mutex send_mu_;
+  // before mu_. A PlainMutex: every reply takes it.
+  PlainMutex send_mu_;
   mutable absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   bool broken_ ABSL_GUARDED_BY(mu_) = false;

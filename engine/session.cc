@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
   h->mutable_reattach_grace()->set_nanos(
       static_cast<int32_t>(absl::ToInt64Nanoseconds(
           grace - absl::Seconds(absl::ToInt64Seconds(grace)))));
-  SessionLock lock(&session->mu_);
+  PlainMutexLock lock(&session->mu_);
   absl::StatusOr<av1::Frame> reply = session->Call(std::move(hello));
   if (!reply.ok()) return reply.status();
   if (!reply->has_hello_reply()) {
@@ -228,7 +228,7 @@ absl::Status Session::Revoke(const av1::Revoke& revoke) {
 }
 
 absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   if (attached_) {
     return absl::FailedPreconditionError(
         absl::StrCat("already attached to pool ", layout_.pool()));
@@ -293,7 +293,7 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
 }
 
 uint64_t Session::device_base(int device_index) const {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   if (device_index < 0 || device_index >= static_cast<int>(mappers_.size())) {
     return 0;
   }
@@ -326,28 +326,28 @@ absl::StatusOr<uint64_t> Session::BlockAddress(int device_index, int64_t block,
 }
 
 bool Session::page_mapped(int64_t page_id) const {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   return page_id >= 0 && page_id < static_cast<int64_t>(mapped_.size()) &&
          mapped_[page_id];
 }
 
 attach::v1::SessionEndReason Session::end_reason() const {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   return end_reason_;
 }
 
 int64_t Session::mapped_pages() const {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   return mapped_count_;
 }
 
 AttachStats Session::attach_stats() const {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   return attach_stats_;
 }
 
 absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_alloc() = std::move(request);
@@ -376,7 +376,7 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
 }
 
 absl::StatusOr<kv1::FreeResponse> Session::Free(kv1::FreeRequest request) {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_free() = std::move(request);
@@ -398,7 +398,7 @@ absl::StatusOr<kv1::FreeResponse> Session::Free(
 
 absl::StatusOr<kv1::ReserveResponse> Session::Reserve(
     kv1::ReserveRequest request) {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_reserve() = std::move(request);
@@ -412,7 +412,7 @@ absl::StatusOr<kv1::ReserveResponse> Session::Reserve(
 
 absl::StatusOr<kv1::ReleaseReservationResponse> Session::ReleaseReservation(
     kv1::ReleaseReservationRequest request) {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_release_reservation() = std::move(request);
@@ -427,7 +427,7 @@ absl::StatusOr<kv1::ReleaseReservationResponse> Session::ReleaseReservation(
 
 absl::StatusOr<kv1::CapacityResponse> Session::Capacity(
     kv1::CapacityRequest request) {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
   av1::Frame f;
   *f.mutable_capacity() = std::move(request);
@@ -441,7 +441,7 @@ absl::StatusOr<kv1::CapacityResponse> Session::Capacity(
 }
 
 absl::Status Session::ProcessEvents() {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   if (closed_) return absl::CancelledError("session is closed");
   while (true) {
     pollfd p = {channel_.fd(), POLLIN, 0};
@@ -457,12 +457,12 @@ absl::Status Session::ProcessEvents() {
 
 void Session::SetRevocationCallback(
     std::function<void(absl::Span<const int64_t>)> cb) {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   on_revoke_ = std::move(cb);
 }
 
 absl::Status Session::Close(bool release) {
-  SessionLock lock(&mu_);
+  PlainMutexLock lock(&mu_);
   if (closed_ && mappers_.empty()) return absl::OkStatus();
   absl::Status status;
   if (!closed_) {

@@ -50,8 +50,8 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "attach/frame.h"
+#include "common/plain_mutex.h"
 #include "engine/mapper.h"
-#include "engine/session_mutex.h"
 #include "proto/kvbroker/v1/attach.pb.h"
 
 namespace kvbroker::engine {
@@ -223,7 +223,7 @@ class Session {
   // Written once by Attach (under mu_), then read without it.
   attach::v1::PoolLayout layout_;
 
-  mutable SessionMutex mu_;
+  mutable PlainMutex mu_;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   attach::v1::SessionEndReason end_reason_ ABSL_GUARDED_BY(mu_) =
