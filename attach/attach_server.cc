@@ -36,7 +36,7 @@ constexpr int kSendTimeoutSeconds = 10;
 // How long a session thread waits for its engine before it looks at its
 // outbox and its pool again (SO_RCVTIMEO): the longest a frame that could
 // not be sent at once, or a deleted pool's end, waits for it.
-constexpr int kIdleTickMicros = 100000;
+constexpr absl::Duration kIdleTick = absl::Milliseconds(100);
 
 absl::Status Errno(absl::string_view what, int err) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(err)));
@@ -116,7 +116,9 @@ class AttachServer::Session {
       : server_(server),
         id_(id),
         channel_(std::move(socket)),
-        outbox_(&channel_) {}
+        outbox_(&channel_) {
+    SetReceiveTimeout(kIdleTick);
+  }
 
   void Start() {
     thread_ = std::thread([this] { Run(); });
@@ -234,7 +236,7 @@ void AttachServer::Session::Run() {
     // meanwhile are sent by whoever queues them, Stop shuts the socket's
     // reading side, and the receive timeout bounds how long a frame that
     // could not be sent at once, or a closing pool, waits for this thread.
-    if (outbox_.pending() && !FlushOutbox()) break;
+    if (!FlushOutbox()) break;
     outbox_.BeginWait();
     absl::StatusOr<ReceivedFrame> got = channel_.Receive();
     outbox_.EndWait();
@@ -805,9 +807,6 @@ void AttachServer::AcceptLoop() {
     const timeval send_timeout = {kSendTimeoutSeconds, 0};
     setsockopt(conn.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
                sizeof(send_timeout));
-    const timeval idle_tick = {0, kIdleTickMicros};
-    setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &idle_tick,
-               sizeof(idle_tick));
     absl::MutexLock lock(&mu_);
     if (stopping_) break;
     if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
@@ -891,8 +890,7 @@ void AttachServer::Stop() {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    stopping_ = true;
-    stopping_flag_.store(true, std::memory_order_release);
+    stopping_.store(true, std::memory_order_release);
     // A session thread waiting for its engine reads end of stream and
     // ends, telling the engine why (Session::Run).
     for (auto& [id, session] : sessions_) session->Interrupt();

@@ -149,18 +149,17 @@ class AttachServer final : public SessionDirectory {
   Broker* const broker_;
   const AttachServerOptions options_;
   const UniqueFd listener_;
-  // Stop began (stopping_, readable without the lock by session threads).
-  bool stopping() const {
-    return stopping_flag_.load(std::memory_order_acquire);
-  }
+  // Stop began; read without the lock by session threads.
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
 
   // eventfd: readable once Stop began; the accept loop polls it.
   const UniqueFd wake_;
-  std::atomic<bool> stopping_flag_{false};
   std::thread accept_thread_;
 
   mutable absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once, under mu_ (so that no session starts after Stop's
+  // interruptions); read with or without it.
+  std::atomic<bool> stopping_{false};
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   // Sessions whose thread has finished its work, joined and destroyed by
