@@ -77,6 +77,28 @@ PageId PageLedger::PageOf(BlockId b, PageId hint) const {
 // ---------------------------------------------------------------------------
 // State bookkeeping
 
+void PageLedger::AddInFlight(PageId p) {
+  ABSL_ASSERT(pages_[p].in_flight_at < 0);
+  pages_[p].in_flight_at = static_cast<int32_t>(in_flight_.size());
+  in_flight_.push_back(p);
+}
+
+void PageLedger::RemoveInFlight(PageId p) {
+  const int32_t at = pages_[p].in_flight_at;
+  ABSL_ASSERT(at >= 0 && in_flight_[at] == p);
+  const PageId last = in_flight_.back();
+  in_flight_[at] = last;
+  pages_[last].in_flight_at = at;
+  in_flight_.pop_back();
+  pages_[p].in_flight_at = -1;
+}
+
+std::vector<PageId> PageLedger::in_flight_ascending() const {
+  std::vector<PageId> out = in_flight_;
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 void PageLedger::ChangeState(PageId p, PageState to) {
   --state_pages_[static_cast<int>(pages_[p].state)];
   pages_[p].state = to;
@@ -286,7 +308,7 @@ std::vector<PageId> PageLedger::BeginMapFront(PageCount k) {
     const PageId p = free_.PopFront().page;
     ChangeState(p, PageState::kMapping);
     pages_[p].landing = Landing::kNone;
-    in_flight_.insert(p);
+    AddInFlight(p);
     ++maps_in_flight_;
     out.push_back(p);
   }
@@ -297,7 +319,7 @@ void PageLedger::AbortMap(absl::Span<const PageId> pages) {
   for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
     const PageId p = *it;
     ABSL_ASSERT(pages_[p].state == PageState::kMapping);
-    in_flight_.erase(p);
+    RemoveInFlight(p);
     --maps_in_flight_;
     ChangeState(p, PageState::kFree);
     free_.PushFront(p, pages_[p].usable);
@@ -307,7 +329,7 @@ void PageLedger::AbortMap(absl::Span<const PageId> pages) {
 BlockCount PageLedger::CommitMap(PageId p, BlockCount n, BlockOwner owner,
                                  std::vector<BlockId>* out) {
   ABSL_ASSERT(pages_[p].state == PageState::kMapping);
-  in_flight_.erase(p);
+  RemoveInFlight(p);
   --maps_in_flight_;
   SetFreeBits(p, true);
   const int64_t taken =
@@ -399,7 +421,7 @@ void PageLedger::BeginUnmap(PageId p, Landing to) {
   SetFreeBits(p, false);
   ChangeState(p, PageState::kMapping);
   page.landing = to;
-  in_flight_.insert(p);
+  AddInFlight(p);
   if (to != Landing::kFreeBack) {
     ++leaving_;
     reclaimed_usable_ += page.usable;
@@ -410,7 +432,7 @@ void PageLedger::FinishUnmap(PageId p) {
   Page& page = pages_[p];
   ABSL_ASSERT(page.state == PageState::kMapping &&
               page.landing != Landing::kNone);
-  in_flight_.erase(p);
+  RemoveInFlight(p);
   const Landing to = page.landing;
   page.landing = Landing::kNone;
   if (to == Landing::kFreeBack) {
@@ -447,7 +469,7 @@ void PageLedger::AbortUnmap(PageId p) {
   Page& page = pages_[p];
   ABSL_ASSERT(page.state == PageState::kMapping &&
               page.landing != Landing::kNone);
-  in_flight_.erase(p);
+  RemoveInFlight(p);
   if (page.landing != Landing::kFreeBack) {
     --leaving_;
     reclaimed_usable_ -= page.usable;
@@ -534,7 +556,9 @@ std::string PageLedger::Check() const {
                           ") holds blocks");
     }
     if (page.state == PageState::kMapping) {
-      if (in_flight_.count(p) == 0) {
+      if (page.in_flight_at < 0 ||
+          page.in_flight_at >= static_cast<int64_t>(in_flight_.size()) ||
+          in_flight_[page.in_flight_at] != p) {
         return absl::StrCat("page ", p, " in flight but not in the set");
       }
       if (page.landing == Landing::kNone) {

@@ -80,7 +80,9 @@ class PageLedger {
   struct Page {
     PageState state = PageState::kFree;
     Landing landing = Landing::kNone;  // pages in flight only
-    BlockId begin = 0;                 // range(p), cached
+    // Where the page sits in in_flight_ while it is MAPPING; -1 otherwise.
+    int32_t in_flight_at = -1;
+    BlockId begin = 0;  // range(p), cached
     BlockId end = 0;
     int64_t usable = 0;
     int64_t free = 0;       // mapped pages only
@@ -107,7 +109,9 @@ class PageLedger {
   // Pages the memory limit counts: mapped + FREE, less pages in flight to
   // RECLAIMED.
   PageCount admitted_pages() const;
-  PageCount pages_in_flight() const { return PageCount(in_flight_.size()); }
+  PageCount pages_in_flight() const {
+    return PageCount(static_cast<int64_t>(in_flight_.size()));
+  }
   // In flight towards a mapping (as opposed to an unmap).
   PageCount maps_in_flight() const { return PageCount(maps_in_flight_); }
   PageCount free_pages() const { return PageCount(free_.size()); }
@@ -146,7 +150,8 @@ class PageLedger {
   const std::deque<PageId>& idle_list() const { return idle_; }
   const internal::FreeList& free_list() const { return free_; }
   const std::deque<PageId>& reclaimed_list() const { return reclaimed_; }
-  const absl::btree_set<PageId>& in_flight() const { return in_flight_; }
+  // The pages in flight, ascending (a copy: the set itself is unordered).
+  std::vector<PageId> in_flight_ascending() const;
 
   // ---- taking blocks (REQUIRES owner != kNone) ----
 
@@ -216,6 +221,8 @@ class PageLedger {
 
  private:
   void ChangeState(PageId p, PageState to);
+  void AddInFlight(PageId p);
+  void RemoveInFlight(PageId p);
   // Removes a mapped page from the OPEN index or the IDLE counters.
   void Detach(PageId p);
   // Files a mapped, detached page by its counts; IDLE pages join the back.
@@ -235,7 +242,10 @@ class PageLedger {
   std::deque<PageId> idle_;
   internal::FreeList free_;
   std::deque<PageId> reclaimed_;
-  absl::btree_set<PageId> in_flight_;
+  // Every MAPPING page once, in no order (Page::in_flight_at indexes it):
+  // a hand-over of 64 pages inserts and erases 64 times under the pool
+  // lock, which an ordered set made the longest step of a mapping Alloc.
+  std::vector<PageId> in_flight_;
 
   std::array<int64_t, kPageStates> state_pages_ = {};
   int64_t open_free_ = 0;

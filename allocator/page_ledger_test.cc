@@ -109,6 +109,8 @@ TEST(PageLedgerTest, AbortedAcquisitionRestoresEverythingExactly) {
   std::vector<PageId> fresh = l.BeginMapFront(PageCount(3));
   EXPECT_EQ(fresh, (std::vector<PageId>{3, 4, 5}));
   EXPECT_EQ(l.pages(PageState::kMapping), PageCount(3));
+  EXPECT_EQ(l.pages_in_flight(), PageCount(3));
+  EXPECT_EQ(l.in_flight_ascending(), (std::vector<PageId>{3, 4, 5}));
   EXPECT_EQ(l.maps_in_flight(), PageCount(3));
   EXPECT_EQ(l.mapped_pages(), PageCount(6));
   EXPECT_EQ(l.mapped_supply(), BlockCount(0));
@@ -133,6 +135,7 @@ TEST(PageLedgerTest, UnmapInFlightLandsWhereTold) {
   l.BeginUnmap(0, Landing::kFreeBack);        // IDLE front
   l.BeginUnmap(2, Landing::kReclaimedFront);  // IDLE back
   EXPECT_EQ(l.pages(PageState::kMapping), PageCount(2));
+  EXPECT_EQ(l.in_flight_ascending(), (std::vector<PageId>{0, 2}));
   EXPECT_EQ(l.maps_in_flight(), PageCount(0));
   // In flight to FREE still counts against a limit; to RECLAIMED does not.
   EXPECT_EQ(l.admitted_pages(), PageCount(7));

@@ -242,7 +242,7 @@ absl::StatusOr<CapacitySnapshot> PagePool::CapacityLocked(
     for (PageId p : ledger_.idle_list()) {
       if (!add(p, true)) break;
     }
-    for (PageId p : ledger_.in_flight()) {
+    for (PageId p : ledger_.in_flight_ascending()) {
       if (!add(p, false)) break;
     }
     const internal::FreeList& free_list = ledger_.free_list();
