@@ -412,12 +412,12 @@ TEST(ConcurrentPropertyTest, ThreadsOnOnePoolKeepBooksAndExactCapacity) {
 }
 
 // Bounded lock hold (docs/design.md): a call that commits, frees, trims or
-// lands more than eight pages releases the lock between steps of at most
-// eight pages. Here a caller runs between every two steps (the pool's
-// between_steps hook, on the stepping thread: a deterministic interleaving)
-// and checks the pool there: the invariants hold, and Capacity is exact at
-// that moment: Alloc(c + 1) is refused with a capacity reason and Alloc(c)
-// succeeds (and is freed again).
+// lands more than PoolOptions::step_pages pages releases the lock between
+// steps of at most that many (eight here). Here a caller runs between every two
+// steps (the pool's between_steps hook, on the stepping thread: a deterministic
+// interleaving) and checks the pool there: the invariants hold, and Capacity is
+// exact at that moment: Alloc(c + 1) is refused with a capacity reason and
+// Alloc(c) succeeds (and is freed again).
 struct Stepping {
   PagePool* pool = nullptr;
   bool inside = false;
@@ -481,6 +481,7 @@ struct SteppedRig {
     PoolOptions po;
     po.min_idle_pages = 0;
     po.max_idle_pages = max_idle_pages;
+    po.step_pages = 8;  // the step counts below are in eights
     po.between_steps = std::move(between_steps);
     pool = PagePool::Create(pc, &host, &budgets, &clock, po);
   }

@@ -111,12 +111,12 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
       static_cast<int64_t>(acq->from_reservation.size());
 
   if (failed_at == fresh.size()) {
-    // Committed kStepPages pages at a time; the pages not yet committed stay
+    // Committed step_pages_ pages at a time; the pages not yet committed stay
     // in flight, and a Reserve's committed blocks count as held by the
     // Reserve in flight until its reservation exists.
     int64_t need = acq->fresh_need;
     for (size_t i = 0; i < fresh.size(); ++i) {
-      if (i > 0 && i % kStepPages == 0) StepLocked();
+      if (i > 0 && i % step_pages_ == 0) StepLocked();
       const int64_t taken =
           ledger_
               .CommitMap(fresh[i], BlockCount(need), acq->owner, &acq->blocks)
@@ -244,9 +244,9 @@ int64_t PagePool::LandUnmapsLocked(std::vector<Unmap>* unmaps,
                                    std::string* log) {
   int64_t landed_total = 0;
   bool bumped = false;
-  for (size_t begin = 0; begin < unmaps->size(); begin += kStepPages) {
+  for (size_t begin = 0; begin < unmaps->size(); begin += step_pages_) {
     if (begin > 0) StepLocked();
-    const size_t end = std::min(unmaps->size(), begin + kStepPages);
+    const size_t end = std::min(unmaps->size(), begin + step_pages_);
     int64_t landed = 0;
     bool any_failed = false;
     for (size_t k = begin; k < end; ++k) {

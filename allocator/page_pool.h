@@ -47,7 +47,7 @@
 // takes its pages under the lock (they become MAPPING: in flight), drops
 // the lock in one helper, WithoutLock, for the driver calls, and retakes it
 // to commit, or to roll back to exactly the state before the call. Long
-// locked walks go in steps of at most kStepPages pages, with the lock
+// locked walks go in steps of at most step_pages_ pages, with the lock
 // released in between (StepLocked; docs/design.md, "Bounded lock hold"). The
 // caller's own unmaps finish before it returns. Lock order: mu_ ->
 // DeviceBudgets (a leaf); on_change and on_prealloc_needed run with no pool
@@ -307,10 +307,6 @@ class PagePool {
   // shutdown waits for it, and leaves every invariant true.
   void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // A locked walk (pages committed, landed or unmapped, blocks validated or
-  // returned) covers at most this many pages between two StepLocked.
-  static constexpr size_t kStepPages = 8;
-
   // --- refusals ---
   // Whether a refusal is counted in PoolStats::outcomes: yes in Alloc, Free
   // and Reserve, no elsewhere. Each refusal is counted where it is decided,
@@ -381,7 +377,7 @@ class PagePool {
   absl::Status ZeroBlocks(absl::Span<const BlockId> ascending) const;
 
   // --- Free in steps (docs/design.md, "Bounded lock hold") ---
-  // A Free whose ids span more than kStepPages pages marks them as being
+  // A Free whose ids span more than step_pages_ pages marks them as being
   // freed while it validates them, step by step, then returns them step by
   // step. Marked blocks still count as allocated; no other Free may name
   // them: one that does waits until they are no longer marked (the waiting
@@ -485,6 +481,10 @@ class PagePool {
   DeviceBudgets* const budgets_;
   Clock* const clock_;
   const PoolOptions options_;
+  // A locked walk (pages committed, landed or unmapped, blocks validated or
+  // returned) covers at most this many pages between two StepLocked
+  // (PoolOptions::step_pages, at least 1).
+  const size_t step_pages_;
   // Not guarded: each page's handles belong to whoever holds the page in
   // flight (or to mu_'s holder for a settled page); see bundle_mapper.h.
   BundleMapper mapper_;

@@ -447,14 +447,19 @@ absl::StatusOr<TrimResult> PagePool::Trim(int64_t max_pages) {
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<TrimResult> {
       KVB_RETURN_IF_ERROR(CheckUsableLocked());
       std::vector<Unmap> unmaps;
-      // kStepPages pages at a time; the pages taken so far are in flight.
+      // step_pages_ pages at a time; the pages taken so far are in flight.
       ++calls_in_flight_;
-      while (
-          ledger_.idle_pages_listed().value() > 0 &&
-          (max_pages <= 0 || static_cast<int64_t>(unmaps.size()) < max_pages)) {
-        if (!unmaps.empty() && unmaps.size() % kStepPages == 0) {
+      auto more = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return ledger_.idle_pages_listed().value() > 0 &&
+               (max_pages <= 0 ||
+                static_cast<int64_t>(unmaps.size()) < max_pages);
+      };
+      while (more()) {
+        if (!unmaps.empty() && unmaps.size() % step_pages_ == 0) {
           StepLocked();
           if (failed_) break;
+          // Other calls may have taken the IDLE pages meanwhile.
+          if (!more()) break;
         }
         const PageId p = ledger_.idle_list().front();
         ledger_.BeginUnmap(p, Landing::kFreeBack);

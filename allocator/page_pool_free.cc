@@ -1,4 +1,4 @@
-// PagePool: Free, in steps of at most PagePool::kStepPages pages when its
+// PagePool: Free, in steps of at most PoolOptions::step_pages pages when its
 // ids span more (docs/design.md, "Bounded lock hold"), and the waiting rule
 // that keeps two Frees of the same ids from both succeeding. Part of the
 // page_pool target; the contract is in page_pool.h.
@@ -50,16 +50,16 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
   const BlockId repeated_id = repeated ? *dup : 0;
   const int64_t max_blocks = geometry_.max_blocks();
   // Step k covers ascending[cuts[k], cuts[k + 1]): ids on at most
-  // kStepPages pages (docs/design.md, "Bounded lock hold"). page_of is
+  // step_pages_ pages (docs/design.md, "Bounded lock hold"). page_of is
   // monotone, so valid ascending ids whose first and last pages are fewer
-  // than kStepPages apart make one step without a walk.
+  // than step_pages_ apart make one step without a walk.
   absl::InlinedVector<size_t, 2> cuts = {0};
   const bool one_step =
-      ascending.size() <= kStepPages ||
+      ascending.size() <= step_pages_ ||
       (ascending.front() >= 0 && ascending.back() < max_blocks &&
        geometry_.page_of(ascending.back()) -
                geometry_.page_of(ascending.front()) <
-           static_cast<PageId>(kStepPages));
+           static_cast<PageId>(step_pages_));
   if (!repeated && !one_step) {
     PageId last = -1;
     size_t pages = 0;
@@ -69,7 +69,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       const PageId p = geometry_.page_of(b);
       if (p == last) continue;
       last = p;
-      if (++pages > kStepPages) {
+      if (++pages > step_pages_) {
         cuts.push_back(i);
         pages = 1;
       }

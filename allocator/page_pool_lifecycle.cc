@@ -22,6 +22,8 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       budgets_(budgets),
       clock_(clock),
       options_(std::move(options)),
+      step_pages_(
+          static_cast<size_t>(std::max<int64_t>(1, options_.step_pages))),
       mapper_(&geometry_, backend, budgets),
       announcer_(&geometry_, &mapper_),
       ledger_(&geometry_),

@@ -149,8 +149,9 @@ TEST_F(PagePoolTest, NullBlockNeverFreedOrTrimmed) {
 }
 
 // A Free is cut into steps by the pages its ids span, not by their count:
-// ids on eight pages are one step (no pause between steps), ids on nine
-// are two (one pause validating, one returning).
+// with steps of eight pages, ids on eight pages are one step (no pause
+// between steps), ids on nine are two (one pause validating, one
+// returning).
 TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
   PoolConfig c;
   c.name = "p";
@@ -158,6 +159,7 @@ TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
   c.block_bytes = KiB(512);  // 4 blocks per page
   c.max_blocks = 64;         // 16 pages
   PoolOptions o;
+  o.step_pages = 8;
   int pauses = 0;
   o.between_steps = [&pauses] { ++pauses; };
   auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
@@ -186,6 +188,70 @@ TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
   pauses = 0;  // one block on each of pages 0..8: nine pages
   ASSERT_TRUE(pool.Free({{0, 4, 8, 12, 16, 20, 24, 28, 32}, ""}).ok());
   EXPECT_EQ(pauses, 2);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+// PoolOptions::step_pages sets the walk's step: at one page a Free of ids
+// on three pages pauses twice validating and twice returning, and a
+// mapping Alloc of three pages pauses twice committing them.
+TEST_F(PagePoolTest, StepPagesSetsTheStep) {
+  PoolConfig c;
+  c.name = "p";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(512);  // 4 blocks per page
+  c.max_blocks = 64;         // 16 pages
+  PoolOptions o;
+  o.min_idle_pages = 0;
+  o.max_idle_pages = 16;
+  o.step_pages = 1;
+  int pauses = 0;
+  o.between_steps = [&pauses] { ++pauses; };
+  auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  PagePool& pool = **made;
+  auto r = pool.Alloc({12, "", "", {}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->pages_mapped, 3);
+  EXPECT_EQ(pauses, 2);
+  pauses = 0;
+  ASSERT_TRUE(pool.Free({{0, 4, 8}, ""}).ok());
+  EXPECT_EQ(pauses, 4);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+// Trim looks at the IDLE list again after every step: a call that takes the
+// last IDLE page while Trim is between two steps leaves it nothing to take.
+TEST_F(PagePoolTest, TrimRechecksIdlePagesAfterEachStep) {
+  PoolConfig c;
+  c.name = "p";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(512);  // 4 blocks per page
+  c.max_blocks = 16;         // 4 pages
+  PoolOptions o;
+  o.min_idle_pages = 0;
+  o.max_idle_pages = 4;
+  o.step_pages = 1;
+  PagePool* self = nullptr;
+  bool armed = false;
+  absl::StatusOr<AllocResult> taken;
+  o.between_steps = [&] {
+    if (!armed) return;
+    armed = false;
+    taken = self->Alloc({4, "", "", {}});  // the one IDLE page left
+  };
+  auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  PagePool& pool = **made;
+  self = &pool;
+  auto r = pool.Alloc({8, "", "", {}});  // two pages
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(pool.Free({AllBlockIds(*r), ""}).ok());  // both IDLE
+  armed = true;
+  auto t = pool.Trim(0);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->pages_unmapped, 1);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->pages_mapped, 0);  // from the IDLE page Trim had not taken
   EXPECT_TRUE(pool.CheckInvariants().ok());
 }
 

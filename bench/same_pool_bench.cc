@@ -85,6 +85,9 @@ ABSL_FLAG(absl::Duration, pool_lock_spin,
           absl::Nanoseconds(kvbroker::SpinThenLock::kDefaultSpinBoundNs),
           "how long a call that finds the pool lock held spins before it "
           "sleeps (kvbrokerd --pool_lock_spin)");
+ABSL_FLAG(int, step_pages, kvbroker::PoolOptions{}.step_pages,
+          "pages a long locked walk of the pool covers between two releases "
+          "of its lock (PoolOptions::step_pages)");
 ABSL_FLAG(int, handoff_hold_us, 10,
           "mutex hand-off probe: how long the holder keeps the lock");
 
@@ -319,6 +322,7 @@ int Main() {
   PoolOptions po;
   po.min_idle_pages = 0;
   po.max_idle_pages = map_pages;
+  po.step_pages = absl::GetFlag(FLAGS_step_pages);
   auto pool_or = PagePool::Create(pc, &timing, &budgets, &clock, po);
   if (!pool_or.ok()) Die(pool_or.status(), "pool");
   PagePool* pool = pool_or->get();
@@ -446,9 +450,9 @@ int Main() {
 
   std::printf(
       "\nsame_pool_bench on %s: pool of %lld 2 MiB pages, mapper "
-      "Alloc maps %lld pages\n",
+      "Alloc maps %lld pages, locked walks in steps of %d pages\n",
       device.c_str(), static_cast<long long>(map_pages + 2),
-      static_cast<long long>(map_pages));
+      static_cast<long long>(map_pages), absl::GetFlag(FLAGS_step_pages));
   std::printf(
       "%-34s %10.1f calls/s (%lld calls, %.1f pages each)\n",
       "mapper Alloc+Free+Trim", mapper_calls.load() / secs,
