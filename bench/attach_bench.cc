@@ -8,7 +8,10 @@
 // attach socket and the gRPC Unix socket; its pool keeps pages mapped, so no
 // call maps or unmaps. Phases alternate in rounds; the table reports the
 // median over rounds of each phase's mean and the ratios.
-// Targets: session <= 1.3 x bare, session <= 0.25 x gRPC.
+// Targets: session <= 1.3 x bare, session <= 0.25 x gRPC. --pin puts the
+// bench on one CPU and the daemon and the echo peer on another, so that
+// where the scheduler places the peer is the same for the session and for
+// the bare baseline.
 //
 // On a loaded machine the wall-clock ratios say little; the work per pair
 // does not depend on load: `perf stat -e instructions:u -- attach_bench
@@ -18,6 +21,7 @@
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -48,6 +52,10 @@ ABSL_FLAG(int, echo_fd, -1, "internal: serve as the echo peer on this fd");
 ABSL_FLAG(std::vector<std::string>, blocks,
           std::vector<std::string>({"16", "256"}),
           "Alloc sizes, each its own row");
+ABSL_FLAG(bool, pin, false,
+          "run the bench on the first CPU it may use and the daemon and the "
+          "echo peer (every thread of each) on the second, so both "
+          "baselines and the session cross the same pair of CPUs");
 ABSL_FLAG(std::string, phases, "session,bare,grpc",
           "phases to run; a CPU profile of one phase (perf stat over two "
           "--calls counts) takes it alone");
@@ -74,6 +82,27 @@ int Echo(int fd) {
     memcpy(&reply, in.data(), sizeof(reply));
     if (send(fd, out.data(), reply, MSG_NOSIGNAL) < 0) return 1;
   }
+}
+
+// The first two CPUs this process may run on, or {-1, -1}.
+std::pair<int, int> TwoCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return {-1, -1};
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  if (cpus.size() < 2) return {-1, -1};
+  return {cpus[0], cpus[1]};
+}
+
+// Pins the whole process to `cpu`; processes it starts afterwards inherit it.
+void PinProcess(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) Die("sched_setaffinity");
 }
 
 double Median(std::vector<double> v) {
@@ -136,6 +165,11 @@ int Run() {
   const std::string pools = absl::StrCat(dir, "/pools.textproto");
   std::ofstream(pools) << "pools { name: \"bench\" page_size: 2097152 "
                           "block_bytes: 65536 max_blocks: 65536 }\n";
+  const std::pair<int, int> cpus =
+      absl::GetFlag(FLAGS_pin) ? TwoCpus() : std::pair<int, int>{-1, -1};
+  if (absl::GetFlag(FLAGS_pin) && cpus.first < 0)
+    Die("--pin: fewer than 2 CPUs");
+  if (cpus.second >= 0) PinProcess(cpus.second);  // the daemon and the echo
   testing::ChildProcess daemon(
       absl::GetFlag(FLAGS_kvbrokerd),
       {"--backend=host", "--listen=", absl::StrCat("--unix_socket=", grpc_sock),
@@ -163,6 +197,11 @@ int Run() {
     Die("spawn echo");
   }
   close(pair[1]);
+  if (cpus.first >= 0) {
+    PinProcess(cpus.first);
+    std::printf("pinned: bench on CPU %d, daemon and echo peer on CPU %d\n",
+                cpus.first, cpus.second);
+  }
 
   engine::ConnectOptions c;
   c.socket_path = attach_sock;
