@@ -57,7 +57,7 @@ absl::Status ChangeFeed::Subscribe(Watch watch,
   names_[s.get()] = name;
   pools_[name].entries[s.get()] =
       Entry{std::move(watch), std::move(subscriber), std::nullopt};
-  dirty_.insert(name);
+  MarkDirtyLocked(name);
   count_.store(static_cast<int>(names_.size()));
   return absl::OkStatus();
 }
@@ -84,10 +84,16 @@ void ChangeFeed::Publish(const std::string& pool) {
   absl::MutexLock lock(&mu_);
   if (closed_) return;
   if (pool.empty()) {
-    for (const auto& [name, watched] : pools_) dirty_.insert(name);
+    for (const auto& [name, watched] : pools_) MarkDirtyLocked(name);
   } else if (pools_.count(pool) > 0) {
-    dirty_.insert(pool);
+    MarkDirtyLocked(pool);
   }
+}
+
+void ChangeFeed::MarkDirtyLocked(const std::string& name) {
+  const bool was_clean = dirty_.empty();
+  dirty_.insert(name);
+  if (was_clean && notifier_idle_) wake_.Signal();
 }
 
 ChangeFeed::PassStats ChangeFeed::NotifyPass() {
@@ -161,11 +167,9 @@ void ChangeFeed::NotifierLoop() {
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](ChangeFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
-            return f->closed_ || !f->dirty_.empty();
-          },
-          this));
+      notifier_idle_ = true;
+      while (!closed_ && dirty_.empty()) wake_.Wait(&mu_);
+      notifier_idle_ = false;
       if (closed_) return;
     }
     const absl::Time start = absl::Now();
@@ -175,9 +179,11 @@ void ChangeFeed::NotifierLoop() {
       pause = std::max(
           pause, absl::Seconds(pass.offered / options_.max_offers_per_second));
     }
-    // Changes that arrive meanwhile wait for the next pass: coalesced.
+    // Changes that arrive meanwhile wait for the next pass: coalesced. Only
+    // Close wakes this wait (notifier_idle_ is false).
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithDeadline(absl::Condition(&closed_), start + pause);
+    while (!closed_ && !wake_.WaitWithDeadline(&mu_, start + pause)) {
+    }
     if (closed_) return;
   }
 }
@@ -189,6 +195,7 @@ void ChangeFeed::Close() {
     if (closed_) return;
     closed_ = true;
     dirty_.clear();
+    wake_.SignalAll();
     for (const auto& [name, watched] : pools_) {
       for (const auto& [key, entry] : watched.entries) {
         if (std::shared_ptr<Subscriber> s = entry.subscriber.lock()) {

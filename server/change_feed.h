@@ -149,6 +149,9 @@ class ChangeFeed {
   };
 
   void NotifierLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds `name` to dirty_ and wakes an idle notifier when dirty_ was empty.
+  void MarkDirtyLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
 
@@ -163,6 +166,14 @@ class ChangeFeed {
   // Pool names changed since the last pass took them; a subset of pools_'s
   // keys.
   std::set<std::string> dirty_ ABSL_GUARDED_BY(mu_);
+  // The notifier sleeps on wake_, never in a Mutex::Await: a waiter with a
+  // condition on mu_ sends every Unlock of mu_ (each Publish, that is each
+  // Alloc and Free while anyone watches) down absl::Mutex's slow path to
+  // evaluate it. A Publish signals only when it makes dirty_ non-empty
+  // while the notifier waits for work (notifier_idle_), at most once per
+  // pass; the pacing wait after a pass is woken by Close alone.
+  absl::CondVar wake_;
+  bool notifier_idle_ ABSL_GUARDED_BY(mu_) = false;
   // == names_.size(), readable without mu_: Publish with nobody watching
   // (every Alloc and Free while there is no watcher) takes no lock. A
   // subscriber that registers while a Publish skips loses nothing: its
