@@ -121,7 +121,7 @@ ChangeFeed::PassStats ChangeFeed::NotifyPass() {
   }
   // One snapshot per (pool incarnation, length) in this pass.
   std::map<std::pair<const PagePool*, int64_t>, absl::StatusOr<Snapshot>> built;
-  int offered = 0;
+  int offered = 0, first_offered = 0;
   for (Target& t : targets) {
     auto [it, fresh] = built.try_emplace({t.pool.get(), t.max_pages},
                                          absl::UnknownError("unbuilt"));
@@ -143,6 +143,7 @@ ChangeFeed::PassStats ChangeFeed::NotifyPass() {
     }
     const uint64_t generation = (*snapshot)->capacity().generation();
     if (t.offered == generation) continue;
+    if (!t.offered.has_value()) ++first_offered;
     t.offered = generation;
     t.subscriber->OnSnapshot(*snapshot);
     ++offered;
@@ -160,7 +161,7 @@ ChangeFeed::PassStats ChangeFeed::NotifyPass() {
       }
     }
   }
-  return {static_cast<int>(built.size()), offered};
+  return {static_cast<int>(built.size()), offered, first_offered};
 }
 
 void ChangeFeed::NotifierLoop() {
@@ -176,8 +177,11 @@ void ChangeFeed::NotifierLoop() {
     const PassStats pass = NotifyPass();
     absl::Duration pause = options_.min_interval;
     if (options_.max_offers_per_second > 0) {
-      pause = std::max(
-          pause, absl::Seconds(pass.offered / options_.max_offers_per_second));
+      // A subscription's first snapshot is not paced (see the file
+      // comment).
+      pause =
+          std::max(pause, absl::Seconds((pass.offered - pass.first_offered) /
+                                        options_.max_offers_per_second));
     }
     // Changes that arrive meanwhile wait for the next pass: coalesced. Only
     // Close wakes this wait (notifier_idle_ is false).

@@ -20,6 +20,10 @@
 // latency: with 400 watchers of a busy pool and the default budget, each gets
 // about 2.5 snapshots a second (its view at most about 400 ms old) instead of
 // 50; with 20 or fewer watchers the 20 ms floor is what applies.
+// A subscription's first snapshot does not count against the budget: a new
+// watcher hears the pool's state in the next pass, however many others
+// there are (each subscription has one first snapshot, and a caller holds
+// at most max_watches_per_caller of them).
 //
 // Bounds (documented in the README, flags of kvbrokerd): a caller may hold at
 // most `max_watches_per_caller` subscriptions; the next one is refused with
@@ -119,8 +123,9 @@ class ChangeFeed {
   void Publish(const std::string& pool) ABSL_LOCKS_EXCLUDED(mu_);
 
   struct PassStats {
-    int built = 0;    // snapshots built (pool incarnations x lengths)
-    int offered = 0;  // OnSnapshot calls
+    int built = 0;          // snapshots built (pool incarnations x lengths)
+    int offered = 0;        // OnSnapshot calls
+    int first_offered = 0;  // of those, a subscription's first (not paced)
   };
   // One notifier pass over the pools dirty now: builds their snapshots and
   // offers them. The notifier thread runs it; with start_notifier == false,

@@ -115,6 +115,7 @@ TEST_F(FeedTest, OneSnapshotPerPoolAndLengthPerPass) {
   ChangeFeed::PassStats first = feed_->NotifyPass();
   EXPECT_EQ(first.built, 3);
   EXPECT_EQ(first.offered, 104);
+  EXPECT_EQ(first.first_offered, 104);
   EXPECT_EQ(feed_->NotifyPass().built, 0);  // nothing changed since
   for (auto& r : plain) EXPECT_EQ(r->count(), 1);
   // Every plain watcher got the very same message.
@@ -142,6 +143,7 @@ TEST_F(FeedTest, OneSnapshotPerPoolAndLengthPerPass) {
   ChangeFeed::PassStats second = feed_->NotifyPass();
   EXPECT_EQ(second.built, 2);
   EXPECT_EQ(second.offered, 103);
+  EXPECT_EQ(second.first_offered, 0);  // paced: these are re-offers
   for (auto& r : plain) {
     ASSERT_EQ(r->count(), 2);
     EXPECT_EQ(r->last_generation(), p_->generation());
