@@ -20,10 +20,11 @@
 // latency: with 400 watchers of a busy pool and the default budget, each gets
 // about 2.5 snapshots a second (its view at most about 400 ms old) instead of
 // 50; with 20 or fewer watchers the 20 ms floor is what applies.
-// A subscription's first snapshot does not count against the budget: a new
-// watcher hears the pool's state in the next pass, however many others
-// there are (each subscription has one first snapshot, and a caller holds
-// at most max_watches_per_caller of them).
+// A subscription's first snapshot does not count against the budget (each
+// subscription has one, and a caller holds at most max_watches_per_caller):
+// a burst of new watchers does not push the next pass back. It still waits
+// for the next pass, which the re-offers of the previous one may have
+// delayed (up to count / max_offers_per_second).
 //
 // Bounds (documented in the README, flags of kvbrokerd): a caller may hold at
 // most `max_watches_per_caller` subscriptions; the next one is refused with
