@@ -148,16 +148,22 @@ TEST_F(PagePoolTest, NullBlockNeverFreedOrTrimmed) {
   EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
+// Pool "p" of 2 MiB pages holding four 512 KiB blocks each.
+PoolConfig FourBlockPages(int64_t max_blocks) {
+  PoolConfig c;
+  c.name = "p";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(512);
+  c.max_blocks = max_blocks;
+  return c;
+}
+
 // A Free is cut into steps by the pages its ids span, not by their count:
 // with steps of eight pages, ids on eight pages are one step (no pause
 // between steps), ids on nine are two (one pause validating, one
 // returning).
 TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
-  PoolConfig c;
-  c.name = "p";
-  c.page_size = MiB(2);
-  c.block_bytes = KiB(512);  // 4 blocks per page
-  c.max_blocks = 64;         // 16 pages
+  const PoolConfig c = FourBlockPages(64);  // 16 pages
   PoolOptions o;
   o.step_pages = 8;
   int pauses = 0;
@@ -195,11 +201,7 @@ TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
 // on three pages pauses twice validating and twice returning, and a
 // mapping Alloc of three pages pauses twice committing them.
 TEST_F(PagePoolTest, StepPagesSetsTheStep) {
-  PoolConfig c;
-  c.name = "p";
-  c.page_size = MiB(2);
-  c.block_bytes = KiB(512);  // 4 blocks per page
-  c.max_blocks = 64;         // 16 pages
+  const PoolConfig c = FourBlockPages(64);  // 16 pages
   PoolOptions o;
   o.min_idle_pages = 0;
   o.max_idle_pages = 16;
@@ -222,11 +224,7 @@ TEST_F(PagePoolTest, StepPagesSetsTheStep) {
 // Trim looks at the IDLE list again after every step: a call that takes the
 // last IDLE page while Trim is between two steps leaves it nothing to take.
 TEST_F(PagePoolTest, TrimRechecksIdlePagesAfterEachStep) {
-  PoolConfig c;
-  c.name = "p";
-  c.page_size = MiB(2);
-  c.block_bytes = KiB(512);  // 4 blocks per page
-  c.max_blocks = 16;         // 4 pages
+  const PoolConfig c = FourBlockPages(16);  // 4 pages
   PoolOptions o;
   o.min_idle_pages = 0;
   o.max_idle_pages = 4;

@@ -42,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "attach/frame.h"
 #include "attach/testing/child_process.h"
+#include "bench/cpus.h"
 #include "engine/session.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 
@@ -82,19 +83,6 @@ int Echo(int fd) {
     memcpy(&reply, in.data(), sizeof(reply));
     if (send(fd, out.data(), reply, MSG_NOSIGNAL) < 0) return 1;
   }
-}
-
-// The first two CPUs this process may run on, or {-1, -1}.
-std::pair<int, int> TwoCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return {-1, -1};
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  if (cpus.size() < 2) return {-1, -1};
-  return {cpus[0], cpus[1]};
 }
 
 // Pins the whole process to `cpu`; processes it starts afterwards inherit it.
@@ -165,8 +153,9 @@ int Run() {
   const std::string pools = absl::StrCat(dir, "/pools.textproto");
   std::ofstream(pools) << "pools { name: \"bench\" page_size: 2097152 "
                           "block_bytes: 65536 max_blocks: 65536 }\n";
-  const std::pair<int, int> cpus =
-      absl::GetFlag(FLAGS_pin) ? TwoCpus() : std::pair<int, int>{-1, -1};
+  const std::pair<int, int> cpus = absl::GetFlag(FLAGS_pin)
+                                       ? bench::FirstTwoCpus()
+                                       : std::pair<int, int>{-1, -1};
   if (absl::GetFlag(FLAGS_pin) && cpus.first < 0)
     Die("--pin: fewer than 2 CPUs");
   if (cpus.second >= 0) PinProcess(cpus.second);  // the daemon and the echo

@@ -71,6 +71,7 @@
 #include "allocator/page_pool.h"
 #include "allocator/spin_then_lock.h"
 #include "bench/bench_backend.h"
+#include "bench/cpus.h"
 
 ABSL_FLAG(std::string, backend, "host", "host or cuda");
 ABSL_FLAG(double, seconds, 4, "seconds of the busy phase (idle: as long)");
@@ -111,19 +112,6 @@ double Percentile(std::vector<double> v, double q) {
 void Spin(absl::Duration d) {
   for (const absl::Time end = absl::Now() + d; absl::Now() < end;) {
   }
-}
-
-// The CPUs --pin uses: the first two the process may run on (-1 if fewer).
-std::pair<int, int> PinCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return {-1, -1};
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  if (cpus.size() < 2) return {-1, -1};
-  return {cpus[0], cpus[1]};
 }
 
 // Pins the calling thread to `cpu` (nothing for -1).
@@ -365,8 +353,9 @@ int Main() {
   };
 
   const double secs = absl::GetFlag(FLAGS_seconds);
-  const std::pair<int, int> cpus =
-      absl::GetFlag(FLAGS_pin) ? PinCpus() : std::pair<int, int>{-1, -1};
+  const std::pair<int, int> cpus = absl::GetFlag(FLAGS_pin)
+                                       ? bench::FirstTwoCpus()
+                                       : std::pair<int, int>{-1, -1};
   PinTo(cpus.first);
   // Idle half, busy with `other` running on its own thread, idle half.
   auto phases = [&](const std::function<void()>& other, Samples* idle,
