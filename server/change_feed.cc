@@ -58,6 +58,8 @@ absl::Status ChangeFeed::Subscribe(Watch watch,
   pools_[name].entries[s.get()] =
       Entry{std::move(watch), std::move(subscriber), std::nullopt};
   MarkDirtyLocked(name);
+  unoffered_ = true;
+  if (notifier_pacing_) wake_.Signal();
   count_.store(static_cast<int>(names_.size()));
   return absl::OkStatus();
 }
@@ -96,7 +98,11 @@ void ChangeFeed::MarkDirtyLocked(const std::string& name) {
   if (was_clean && notifier_idle_) wake_.Signal();
 }
 
-ChangeFeed::PassStats ChangeFeed::NotifyPass() {
+ChangeFeed::PassStats ChangeFeed::NotifyPass() { return Pass(false); }
+
+ChangeFeed::PassStats ChangeFeed::NotifyFirsts() { return Pass(true); }
+
+ChangeFeed::PassStats ChangeFeed::Pass(bool firsts_only) {
   absl::MutexLock pass(&pass_mu_);
   struct Target {
     const Subscriber* key;
@@ -109,15 +115,29 @@ ChangeFeed::PassStats ChangeFeed::NotifyPass() {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return {};
-    for (const std::string& name : dirty_) {
-      for (const auto& [key, entry] : pools_.at(name).entries) {
-        if (std::shared_ptr<Subscriber> s = entry.subscriber.lock()) {
-          targets.push_back({key, std::move(s), entry.watch.pool,
-                             entry.watch.max_pages, entry.offered});
+    auto add = [&](const Subscriber* key, const Entry& entry) {
+      if (std::shared_ptr<Subscriber> s = entry.subscriber.lock()) {
+        targets.push_back({key, std::move(s), entry.watch.pool,
+                           entry.watch.max_pages, entry.offered});
+      }
+    };
+    if (firsts_only) {
+      // The dirty marks stay for the next full pass.
+      unoffered_ = false;
+      for (const auto& [name, watched] : pools_) {
+        for (const auto& [key, entry] : watched.entries) {
+          if (!entry.offered.has_value()) add(key, entry);
         }
       }
+    } else {
+      for (const std::string& name : dirty_) {
+        for (const auto& [key, entry] : pools_.at(name).entries) {
+          add(key, entry);
+        }
+      }
+      dirty_.clear();
+      unoffered_ = false;  // every new subscription's pool is dirty
     }
-    dirty_.clear();
   }
   // One snapshot per (pool incarnation, length) in this pass.
   std::map<std::pair<const PagePool*, int64_t>, absl::StatusOr<Snapshot>> built;
@@ -183,12 +203,24 @@ void ChangeFeed::NotifierLoop() {
           std::max(pause, absl::Seconds((pass.offered - pass.first_offered) /
                                         options_.max_offers_per_second));
     }
-    // Changes that arrive meanwhile wait for the next pass: coalesced. Only
-    // Close wakes this wait (notifier_idle_ is false).
-    absl::MutexLock lock(&mu_);
-    while (!closed_ && !wake_.WaitWithDeadline(&mu_, start + pause)) {
+    // Changes that arrive meanwhile wait for the next pass: coalesced. A
+    // new subscription is served its first snapshot at once, in a pass of
+    // first snapshots only; Close ends the wait.
+    for (;;) {
+      bool firsts = false;
+      {
+        absl::MutexLock lock(&mu_);
+        notifier_pacing_ = true;
+        while (!closed_ && !unoffered_) {
+          if (wake_.WaitWithDeadline(&mu_, start + pause)) break;
+        }
+        notifier_pacing_ = false;
+        if (closed_) return;
+        firsts = unoffered_;
+      }
+      if (!firsts) break;  // the pause is over
+      Pass(true);
     }
-    if (closed_) return;
   }
 }
 

@@ -22,9 +22,10 @@
 // 50; with 20 or fewer watchers the 20 ms floor is what applies.
 // A subscription's first snapshot does not count against the budget (each
 // subscription has one, and a caller holds at most max_watches_per_caller):
-// a burst of new watchers does not push the next pass back. It still waits
-// for the next pass, which the re-offers of the previous one may have
-// delayed (up to count / max_offers_per_second).
+// a burst of new watchers does not push the next pass back. Nor does it
+// wait out the pause after a pass: a subscription that arrives then wakes
+// the notifier, which offers first snapshots only (NotifyFirsts) and goes
+// back to its pause.
 //
 // Bounds (documented in the README, flags of kvbrokerd): a caller may hold at
 // most `max_watches_per_caller` subscriptions; the next one is refused with
@@ -132,6 +133,10 @@ class ChangeFeed {
   // offers them. The notifier thread runs it; with start_notifier == false,
   // the owner does.
   PassStats NotifyPass() ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
+  // Offers the current snapshot to every subscription that was never
+  // offered one, leaving the dirty marks for the next NotifyPass. The
+  // notifier runs it when a subscription arrives while it paces itself.
+  PassStats NotifyFirsts() ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
 
   // Calls OnClose() on every subscriber, refuses new ones and returns once
   // no pass is running (no pool is read after it returns). Idempotent. Not
@@ -155,6 +160,7 @@ class ChangeFeed {
   };
 
   void NotifierLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  PassStats Pass(bool firsts_only) ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
   // Adds `name` to dirty_ and wakes an idle notifier when dirty_ was empty.
   void MarkDirtyLocked(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -177,9 +183,13 @@ class ChangeFeed {
   // Alloc and Free while anyone watches) down absl::Mutex's slow path to
   // evaluate it. A Publish signals only when it makes dirty_ non-empty
   // while the notifier waits for work (notifier_idle_), at most once per
-  // pass; the pacing wait after a pass is woken by Close alone.
+  // pass; the pacing wait after a pass is woken by Close and Subscribe.
   absl::CondVar wake_;
   bool notifier_idle_ ABSL_GUARDED_BY(mu_) = false;
+  // The notifier waits out its pause; a Subscribe wakes it then.
+  bool notifier_pacing_ ABSL_GUARDED_BY(mu_) = false;
+  // A subscription arrived since the last pass of first snapshots.
+  bool unoffered_ ABSL_GUARDED_BY(mu_) = false;
   // == names_.size(), readable without mu_: Publish with nobody watching
   // (every Alloc and Free while there is no watcher) takes no lock. A
   // subscriber that registers while a Publish skips loses nothing: its

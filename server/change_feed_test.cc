@@ -170,6 +170,60 @@ TEST_F(FeedTest, UnchangedGenerationIsNotOfferedAgain) {
   EXPECT_EQ(r->count(), 1);
 }
 
+// NotifyFirsts serves subscriptions never offered a snapshot and leaves the
+// dirty marks: the next NotifyPass still offers the change to the others.
+TEST_F(FeedTest, FirstsPassServesOnlyNewSubscriptions) {
+  auto old = std::make_shared<Recorder>();
+  ASSERT_TRUE(Watch(p_, 0, "c", old).ok());
+  ASSERT_EQ(feed_->NotifyPass().offered, 1);
+  AllocRequest alloc;
+  alloc.num_blocks = 1;
+  ASSERT_TRUE(p_->Alloc(alloc).ok());  // p is dirty
+  auto fresh = std::make_shared<Recorder>();
+  ASSERT_TRUE(Watch(p_, 0, "c", fresh).ok());
+  ChangeFeed::PassStats firsts = feed_->NotifyFirsts();
+  EXPECT_EQ(firsts.offered, 1);
+  EXPECT_EQ(firsts.first_offered, 1);
+  EXPECT_EQ(fresh->count(), 1);
+  EXPECT_EQ(old->count(), 1);
+  EXPECT_EQ(feed_->NotifyFirsts().offered, 0);
+  ChangeFeed::PassStats full = feed_->NotifyPass();
+  EXPECT_EQ(full.offered, 1);  // the old watcher; the new one has it
+  EXPECT_EQ(old->count(), 2);
+  EXPECT_EQ(fresh->count(), 1);
+  EXPECT_EQ(old->last_generation(), fresh->last_generation());
+}
+
+// With the notifier thread pacing itself for hours after a pass of
+// re-offers, a new subscription still gets its first snapshot: it wakes the
+// notifier for a pass of first snapshots.
+TEST_F(FeedTest, NewSubscriptionIsServedDuringThePause) {
+  Init(ChangeFeed::Options{1024, absl::ZeroDuration(), 0.001, true});
+  auto old = std::make_shared<Recorder>();
+  ASSERT_TRUE(Watch(p_, 0, "c", old).ok());
+  // Waits (a minute at most) until `r` holds `n` snapshots.
+  auto offered = [](Recorder* r, int n) {
+    std::pair<Recorder*, int> want(r, n);
+    absl::MutexLock lock(&r->mu);
+    return r->mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::pair<Recorder*, int>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return static_cast<int>(a->first->snapshots.size()) >= a->second;
+            },
+            &want),
+        absl::Seconds(60));
+  };
+  ASSERT_TRUE(offered(old.get(), 1));  // a first snapshot: not paced
+  AllocRequest alloc;
+  alloc.num_blocks = 1;
+  ASSERT_TRUE(p_->Alloc(alloc).ok());
+  ASSERT_TRUE(offered(old.get(), 2));  // a re-offer: 1000 s of pause follow
+  auto fresh = std::make_shared<Recorder>();
+  ASSERT_TRUE(Watch(p_, 0, "c", fresh).ok());
+  EXPECT_TRUE(offered(fresh.get(), 1));
+  EXPECT_EQ(old->count(), 2);
+}
+
 TEST_F(FeedTest, WatchesPerCallerAreBounded) {
   Init(ChangeFeed::Options{2, absl::ZeroDuration(), 0, false});
   auto a1 = std::make_shared<Recorder>();
