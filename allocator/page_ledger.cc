@@ -569,6 +569,8 @@ std::string PageLedger::Check() const {
       }
     } else if (page.landing != Landing::kNone) {
       return absl::StrCat("page ", p, " has a landing but is not in flight");
+    } else if (page.in_flight_at != -1) {
+      return absl::StrCat("page ", p, " is not in flight but indexes the set");
     }
     if (page.state == PageState::kOpen) open_free += page.free;
     if (page.state == PageState::kIdle) idle_usable += page.usable;
