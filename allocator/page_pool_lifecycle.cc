@@ -140,6 +140,13 @@ PagePool::~PagePool() {
 absl::Status PagePool::Shutdown(bool force) {
   SpinThenLockGuard lock(&mu_);
   if (shut_down_) return absl::OkStatus();
+  // The blocks are counted once no call is in flight: an Alloc still
+  // mapping, or between two of its commit steps, holds blocks the ledger
+  // shows only in part.
+  PublishLocked();
+  mu_.Await(absl::Condition(
+      +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
+  if (shut_down_) return absl::OkStatus();  // another Shutdown meanwhile
   const int64_t allocated = ledger_.allocated().value();
   const int64_t reserved = ledger_.reserved().value();
   if (!force && (allocated > 0 || reserved > 0)) {
@@ -152,9 +159,6 @@ absl::Status PagePool::Shutdown(bool force) {
          {std::string(error_key::kAllocatedBlocks), Num(allocated)},
          {std::string(error_key::kReservedBlocks), Num(reserved)}});
   }
-  PublishLocked();
-  mu_.Await(absl::Condition(
-      +[](int64_t* calls) { return *calls == 0; }, &calls_in_flight_));
   shut_down_ = true;
   // From here every call answers POOL_NOT_FOUND and leaves the pages alone.
   // Engines are asked to let go of every mapped page; until they have (or
