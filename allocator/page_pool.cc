@@ -113,10 +113,29 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
   if (failed_at == fresh.size()) {
     // Committed step_pages_ pages at a time; the pages not yet committed stay
     // in flight, and a Reserve's committed blocks count as held by the
-    // Reserve in flight until its reservation exists.
+    // Reserve in flight until its reservation exists. Capacity is not shown
+    // the steps done (unshown_) until the last one, in which the commit
+    // takes effect: no step before it leaves a block on a committed page
+    // free (each such page gives all its blocks), so no other call can see
+    // or take what the earlier steps committed.
     int64_t need = acq->fresh_need;
+    CommitCounts step_start, unshown;
+    if (fresh.size() > step_pages_) {
+      committing_.push_back({&fresh, 0});
+      step_start = CommitCountsLocked();
+    }
     for (size_t i = 0; i < fresh.size(); ++i) {
-      if (i > 0 && i % step_pages_ == 0) StepLocked();
+      if (i > 0 && i % step_pages_ == 0) {
+        CommitCounts step = CommitCountsLocked();
+        step -= step_start;
+        unshown += step;
+        unshown_ += step;
+        for (Committing& c : committing_) {
+          if (c.fresh == &fresh) c.committed = i;
+        }
+        StepLocked();
+        step_start = CommitCountsLocked();
+      }
       const int64_t taken =
           ledger_
               .CommitMap(fresh[i], BlockCount(need), acq->owner, &acq->blocks)
@@ -124,6 +143,12 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
       need -= taken;
       if (acq->owner == BlockOwner::kReserved) reserving_in_flight_ += taken;
       ++stats_.pages_mapped_total;
+    }
+    if (fresh.size() > step_pages_) {
+      unshown_ -= unshown;
+      committing_.erase(std::find_if(
+          committing_.begin(), committing_.end(),
+          [&fresh](const Committing& c) { return c.fresh == &fresh; }));
     }
     --calls_in_flight_;
     if (acq->owner == BlockOwner::kReserved) {
@@ -242,56 +267,50 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
 
 int64_t PagePool::LandUnmapsLocked(std::vector<Unmap>* unmaps,
                                    std::string* log) {
-  int64_t landed_total = 0;
-  bool bumped = false;
-  for (size_t begin = 0; begin < unmaps->size(); begin += step_pages_) {
-    if (begin > 0) StepLocked();
-    const size_t end = std::min(unmaps->size(), begin + step_pages_);
-    int64_t landed = 0;
-    bool any_failed = false;
-    for (size_t k = begin; k < end; ++k) {
-      const Unmap& u = (*unmaps)[k];
-      if (u.status.ok()) {
-        tags_.Forget(ledger_.page(u.page).begin, ledger_.page(u.page).end);
-        ledger_.FinishUnmap(u.page);
-        stats_.unmap_latency.Record(u.took);
-        ++stats_.pages_unmapped_total;
-        ++landed;
-        continue;
-      }
-      any_failed = true;
-      MarkFailedLocked(
-          absl::StrCat("unmapping page ", u.page,
-                       " failed: ", u.status.message()),
-          /*device_lost=*/u.status.code() == absl::StatusCode::kInternal, log);
-      ledger_.AbortUnmap(u.page);  // still mapped: kept IDLE, accounted
+  // In one step: landed in several, the pages of one call would be seen
+  // partly FREE, partly in flight (docs/design.md, "Bounded lock hold").
+  int64_t landed = 0;
+  bool any_failed = false;
+  for (size_t k = 0; k < unmaps->size(); ++k) {
+    const Unmap& u = (*unmaps)[k];
+    if (u.status.ok()) {
+      tags_.Forget(ledger_.page(u.page).begin, ledger_.page(u.page).end);
+      ledger_.FinishUnmap(u.page);
+      stats_.unmap_latency.Record(u.took);
+      ++stats_.pages_unmapped_total;
+      ++landed;
+      continue;
     }
-    // A page that could not leave still counts against the limit.
-    if (any_failed && ledger_.admitted_pages().value() > target_pages_) {
-      limit_state_ = LimitState::kDeferred;
+    any_failed = true;
+    MarkFailedLocked(
+        absl::StrCat("unmapping page ", u.page,
+                     " failed: ", u.status.message()),
+        /*device_lost=*/u.status.code() == absl::StatusCode::kInternal, log);
+    ledger_.AbortUnmap(u.page);  // still mapped: kept IDLE, accounted
+  }
+  // A page that could not leave still counts against the limit.
+  if (any_failed && ledger_.admitted_pages().value() > target_pages_) {
+    limit_state_ = LimitState::kDeferred;
+  }
+  // Another call's unmap may have failed (deferring the limit) while this
+  // call's pages were in flight to the FREE list: while over the target
+  // they are reclaimed instead, as a lowered limit would have.
+  if (limit_state_ == LimitState::kDeferred) {
+    while (ledger_.admitted_pages().value() > target_pages_ &&
+           ledger_.free_pages().value() > 0) {
+      ledger_.ReclaimFreeBack();
     }
-    // Another call's unmap may have failed (deferring the limit) while this
-    // call's pages were in flight to the FREE list: while over the target
-    // they are reclaimed instead, as a lowered limit would have.
-    if (limit_state_ == LimitState::kDeferred) {
-      while (ledger_.admitted_pages().value() > target_pages_ &&
-             ledger_.free_pages().value() > 0) {
-        ledger_.ReclaimFreeBack();
-      }
-      SettleLimitLocked();
-    }
-    if (landed > 0) {
-      if (!bumped) BumpGenerationLocked();  // once per call
-      bumped = true;
-      // Uncharged once the landed pages are published (docs/design.md,
-      // "Capacity without the lock").
-      PublishLocked();
-      budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), landed);
-    }
-    landed_total += landed;
+    SettleLimitLocked();
+  }
+  if (landed > 0) {
+    BumpGenerationLocked();
+    // Uncharged once the landed pages are published (docs/design.md,
+    // "Capacity without the lock").
+    PublishLocked();
+    budgets_->Uncharge(geometry_.devices(), geometry_.bundle_bytes(), landed);
   }
   unmaps->clear();
-  return landed_total;
+  return landed;
 }
 
 void PagePool::SettleLimitLocked() {
@@ -791,6 +810,23 @@ absl::Status PagePool::CheckInvariantsLocked() const {
   }
   if (calls_in_flight_ == 0 && freeing_blocks_ > 0) {
     return fail(freeing_blocks_, " blocks being freed with no call in flight");
+  }
+  if (calls_in_flight_ == 0 &&
+      (!committing_.empty() || unshown_.allocated != 0 ||
+       unshown_.reserved != 0 || unshown_.mapped_supply != 0 ||
+       unshown_.pages_by_state[static_cast<int>(PageState::kMapping)] != 0)) {
+    return fail(committing_.size(),
+                " commit(s) not shown with no call in flight");
+  }
+  for (const Committing& c : committing_) {
+    for (size_t i = 0; i < c.committed; ++i) {
+      const PageLedger::Page& page = ledger_.page((*c.fresh)[i]);
+      if (page.free != 0 || page.state == PageState::kMapping) {
+        return fail("page ", (*c.fresh)[i], " of a commit not shown is ",
+                    PageStateName(page.state), " with ", page.free,
+                    " free blocks");
+      }
+    }
   }
   for (const auto& [p, leaving] : revoking_) {
     if (ledger_.page(p).state != PageState::kMapping) {

@@ -323,8 +323,32 @@ class PagePool {
 
   // --- capacity and planning ---
   int64_t AffordableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What Capacity reads without the lock.
+  // What Capacity reads without the lock (and with it): the ledger's
+  // counters less unshown_.
   PoolCounters CountersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ledger's counters that a commit step changes.
+  struct CommitCounts {
+    int64_t mapped_supply = 0;
+    int64_t reserved = 0;
+    int64_t allocated = 0;
+    int64_t admitted_usable = 0;
+    int64_t mapped_pages = 0;
+    int64_t pages_by_state[kPageStates] = {};
+    CommitCounts& operator+=(const CommitCounts& o);
+    CommitCounts& operator-=(const CommitCounts& o);
+  };
+  CommitCounts CommitCountsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks as Capacity shows them (the ledger's, less unshown_).
+  int64_t ShownAllocatedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ledger_.allocated().value() - unshown_.allocated;
+  }
+  int64_t ShownReservedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ledger_.reserved().value() - unshown_.reserved;
+  }
+  // Block b's owner as Capacity shows it: none on a page whose commit is
+  // not shown yet (unshown_), else the ledger's.
+  BlockOwner ShownOwnerLocked(BlockId b) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes CountersLocked(); runs before every release of mu_.
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The snapshot's scalar fields from `counters` and the budget.
@@ -528,6 +552,19 @@ class PagePool {
   int64_t freeing_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   // Blocks held as reserved by a Reserve in flight (no reservation yet).
   int64_t reserving_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // What the commit steps done so far of every Alloc or Reserve still
+  // committing its fresh pages changed in the ledger (docs/design.md,
+  // "Bounded lock hold"). Capacity is shown the ledger less this: such a
+  // call's committed pages as still MAPPING and their blocks as not yet
+  // taken, until its last step, so that no publication shows a call half
+  // committed. Zero while no call is in flight. committing_ lists those
+  // calls' committed pages, for the page list.
+  CommitCounts unshown_ ABSL_GUARDED_BY(mu_);
+  struct Committing {
+    const std::vector<PageId>* fresh;  // the call's Acquisition::fresh
+    size_t committed;                  // its first `committed` pages
+  };
+  std::vector<Committing> committing_ ABSL_GUARDED_BY(mu_);
   // Memory limit (docs/design.md, "Memory limits"); target_pages_ == T when no
   // limit was set.
   LimitState limit_state_ ABSL_GUARDED_BY(mu_) = LimitState::kNone;

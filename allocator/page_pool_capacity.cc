@@ -91,21 +91,63 @@ LimitInfo PagePool::LimitInfoLocked() const {
   return info;
 }
 
+PagePool::CommitCounts& PagePool::CommitCounts::operator+=(
+    const CommitCounts& o) {
+  mapped_supply += o.mapped_supply;
+  reserved += o.reserved;
+  allocated += o.allocated;
+  admitted_usable += o.admitted_usable;
+  mapped_pages += o.mapped_pages;
+  for (int s = 0; s < kPageStates; ++s)
+    pages_by_state[s] += o.pages_by_state[s];
+  return *this;
+}
+
+PagePool::CommitCounts& PagePool::CommitCounts::operator-=(
+    const CommitCounts& o) {
+  mapped_supply -= o.mapped_supply;
+  reserved -= o.reserved;
+  allocated -= o.allocated;
+  admitted_usable -= o.admitted_usable;
+  mapped_pages -= o.mapped_pages;
+  for (int s = 0; s < kPageStates; ++s)
+    pages_by_state[s] -= o.pages_by_state[s];
+  return *this;
+}
+
+PagePool::CommitCounts PagePool::CommitCountsLocked() const {
+  CommitCounts k;
+  k.mapped_supply = ledger_.mapped_supply().value();
+  k.reserved = ledger_.reserved().value();
+  k.allocated = ledger_.allocated().value();
+  k.admitted_usable = ledger_.admitted_usable().value();
+  k.mapped_pages = ledger_.mapped_pages().value();
+  for (int s = 0; s < kPageStates; ++s) {
+    k.pages_by_state[s] = ledger_.pages(static_cast<PageState>(s)).value();
+  }
+  return k;
+}
+
 PoolCounters PagePool::CountersLocked() const {
   PoolCounters c;
   c.generation = static_cast<int64_t>(generation_);
   c.shut_down = shut_down_ ? 1 : 0;
   c.failed = failed_ ? 1 : 0;
-  c.mapped_supply = ledger_.mapped_supply().value();
+  const CommitCounts shown = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    CommitCounts k = CommitCountsLocked();
+    k -= unshown_;
+    return k;
+  }();
+  c.mapped_supply = shown.mapped_supply;
+  // A commit does not touch the FREE list.
   c.free_pages = ledger_.free_pages().value();
   c.free_total = ledger_.FreePrefix(ledger_.free_pages()).value();
-  c.reserved = ledger_.reserved().value();
-  c.allocated = ledger_.allocated().value();
-  c.admitted_usable = ledger_.admitted_usable().value();
-  c.mapped_pages = ledger_.mapped_pages().value();
-  for (int s = 0; s < kPageStates; ++s) {
-    c.pages_by_state[s] = ledger_.pages(static_cast<PageState>(s)).value();
-  }
+  c.reserved = shown.reserved;
+  c.allocated = shown.allocated;
+  c.admitted_usable = shown.admitted_usable;
+  c.mapped_pages = shown.mapped_pages;
+  std::copy(std::begin(shown.pages_by_state), std::end(shown.pages_by_state),
+            std::begin(c.pages_by_state));
   c.limit_state = static_cast<int64_t>(limit_state_);
   c.limit_bytes = limit_bytes_.value();
   c.limit_revision = limit_revision_;
@@ -221,18 +263,32 @@ absl::StatusOr<CapacitySnapshot> PagePool::CapacityLocked(
   }
   if (query.max_pages > 0) {
     const size_t cap = static_cast<size_t>(query.max_pages);
+    // Pages committed by a call whose commit is not shown yet are listed
+    // as in flight (MAPPING, nothing on them); they are FULL in the ledger,
+    // so no other list holds them.
+    std::vector<PageId> unshown_pages;
+    for (const Committing& k : committing_) {
+      unshown_pages.insert(unshown_pages.end(), k.fresh->begin(),
+                           k.fresh->begin() + k.committed);
+    }
+    std::sort(unshown_pages.begin(), unshown_pages.end());
     auto add = [&](PageId p, bool counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (c.pages.size() >= cap) return false;
       const PageLedger::Page& page = ledger_.page(p);
       PageInfo info;
       info.page_id = p;
       info.usable_blocks = BlockCount(page.usable);
+      info.counted = counted;
+      if (std::binary_search(unshown_pages.begin(), unshown_pages.end(), p)) {
+        info.state = PageState::kMapping;
+        c.pages.push_back(info);
+        return true;
+      }
       info.free_blocks =
           BlockCount(page.state == PageState::kFree ? page.usable : page.free);
       info.allocated_blocks = BlockCount(page.allocated);
       info.reserved_blocks = BlockCount(page.reserved);
       info.state = page.state;
-      info.counted = counted;
       c.pages.push_back(info);
       return true;
     };
@@ -242,7 +298,13 @@ absl::StatusOr<CapacitySnapshot> PagePool::CapacityLocked(
     for (PageId p : ledger_.idle_list()) {
       if (!add(p, true)) break;
     }
-    for (PageId p : ledger_.in_flight_ascending()) {
+    std::vector<PageId> flying = ledger_.in_flight_ascending();
+    if (!unshown_pages.empty()) {
+      const size_t n = flying.size();
+      flying.insert(flying.end(), unshown_pages.begin(), unshown_pages.end());
+      std::inplace_merge(flying.begin(), flying.begin() + n, flying.end());
+    }
+    for (PageId p : flying) {
       if (!add(p, false)) break;
     }
     const internal::FreeList& free_list = ledger_.free_list();
@@ -280,10 +342,8 @@ absl::StatusOr<PagePool::Plan> PagePool::PlanLocked(
     md[std::string(error_key::kRequestedBlocks)] = Num(requested);
     md[std::string(error_key::kAvailableBlocks)] = Num(available);
     md[std::string(error_key::kPoolTotalBlocks)] = Num(total);
-    md[std::string(error_key::kReservedBlocks)] =
-        Num(ledger_.reserved().value());
-    md[std::string(error_key::kAllocatedBlocks)] =
-        Num(ledger_.allocated().value());
+    md[std::string(error_key::kReservedBlocks)] = Num(ShownReservedLocked());
+    md[std::string(error_key::kAllocatedBlocks)] = Num(ShownAllocatedLocked());
     if (reservation != nullptr) {
       md[std::string(error_key::kReservationId)] = reservation->id;
       md[std::string(error_key::kReservationBlocks)] = Num(from_reservation);

@@ -1,5 +1,6 @@
-// PagePool: Free, in steps of at most PoolOptions::step_pages pages when its
-// ids span more (docs/design.md, "Bounded lock hold"), and the waiting rule
+// PagePool: Free, validated in steps of at most PoolOptions::step_pages
+// pages when its ids span more and returned in one (docs/design.md,
+// "Bounded lock hold"), and the waiting rule
 // that keeps two Frees of the same ids from both succeeding. Part of the
 // page_pool target; the contract is in page_pool.h.
 
@@ -127,7 +128,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
           if (k > 0) StepLocked();
           for (BlockId b : step_ids(k)) {
             if (b < 0 || b >= max_blocks ||
-                ledger_.owner(b) != BlockOwner::kAllocated) {
+                ShownOwnerLocked(b) != BlockOwner::kAllocated) {
               valid = false;
               break;
             }
@@ -158,12 +159,15 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       }
       FreeResult out;
       std::vector<Unmap> unmaps;
-      for (size_t k = 0; k < steps; ++k) {
-        if (k > 0) StepLocked();
-        if (stepped) MarkFreeingLocked(step_ids(k), false);
-        ReturnBlocksLocked(step_ids(k), &unmaps);
-        if (k == 0 && !ascending.empty()) BumpGenerationLocked();
+      // The blocks go back in one step of their own: returned in several,
+      // a Capacity between two would see the Free half done
+      // (docs/design.md, "Bounded lock hold").
+      if (stepped) {
+        StepLocked();
+        MarkFreeingLocked(ascending, false);
       }
+      ReturnBlocksLocked(ascending, &unmaps);
+      if (!ascending.empty()) BumpGenerationLocked();
       out.freed_blocks = static_cast<int64_t>(ascending.size());
       stats_.blocks_freed_total += out.freed_blocks;
       if (!unmaps.empty()) {
@@ -182,6 +186,19 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
   }
   RunEpilogue(epi);
   return result;
+}
+
+BlockOwner PagePool::ShownOwnerLocked(BlockId b) const {
+  if (!committing_.empty()) {
+    const PageId p = geometry_.page_of(b);
+    for (const Committing& c : committing_) {
+      if (std::find(c.fresh->begin(), c.fresh->begin() + c.committed, p) !=
+          c.fresh->begin() + c.committed) {
+        return BlockOwner::kNone;  // shown as MAPPING still
+      }
+    }
+  }
+  return ledger_.owner(b);
 }
 
 void PagePool::MarkFreeingLocked(absl::Span<const BlockId> ids, bool on) {
@@ -216,7 +233,7 @@ absl::Status PagePool::CheckFreeLocked(absl::Span<const BlockId> ids) {
   for (BlockId b : ids) {
     const BlockOwner o = b < 0 || b >= geometry_.max_blocks()
                              ? BlockOwner::kNone
-                             : ledger_.owner(b);
+                             : ShownOwnerLocked(b);
     if (o != BlockOwner::kAllocated && o != BlockOwner::kReserved) {
       not_allocated.push_back(b);
     } else if (o == BlockOwner::kReserved) {

@@ -160,8 +160,8 @@ PoolConfig FourBlockPages(int64_t max_blocks) {
 
 // A Free is cut into steps by the pages its ids span, not by their count:
 // with steps of eight pages, ids on eight pages are one step (no pause
-// between steps), ids on nine are two (one pause validating, one
-// returning).
+// between steps), ids on nine are validated in two (one pause) and
+// returned in a step of their own (one pause before it).
 TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
   const PoolConfig c = FourBlockPages(64);  // 16 pages
   PoolOptions o;
@@ -198,8 +198,8 @@ TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
 }
 
 // PoolOptions::step_pages sets the walk's step: at one page a Free of ids
-// on three pages pauses twice validating and twice returning, and a
-// mapping Alloc of three pages pauses twice committing them.
+// on three pages pauses twice validating and once before returning them,
+// and a mapping Alloc of three pages pauses twice committing them.
 TEST_F(PagePoolTest, StepPagesSetsTheStep) {
   const PoolConfig c = FourBlockPages(64);  // 16 pages
   PoolOptions o;
@@ -217,7 +217,85 @@ TEST_F(PagePoolTest, StepPagesSetsTheStep) {
   EXPECT_EQ(pauses, 2);
   pauses = 0;
   ASSERT_TRUE(pool.Free({{0, 4, 8}, ""}).ok());
-  EXPECT_EQ(pauses, 4);
+  EXPECT_EQ(pauses, 3);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+// Between two steps of a call, Capacity shows the call either not started
+// or done, never half done (docs/design.md, "Bounded lock hold"): an Alloc
+// committing three fresh pages in steps of one is shown with its pages
+// MAPPING and none of its blocks allocated until its last step, with the
+// page list saying the same and a Free of a block it already committed
+// refused; a stepped Free is shown with nothing returned until it returns
+// everything in one step.
+TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
+  const PoolConfig c = FourBlockPages(64);  // 16 pages
+  PoolOptions o;
+  o.min_idle_pages = 0;
+  o.max_idle_pages = 16;
+  o.step_pages = 1;
+  PagePool* self = nullptr;
+  std::vector<CapacitySnapshot> seen;
+  std::vector<CapacitySnapshot> listed;
+  std::vector<absl::Status> frees;
+  o.between_steps = [&] {
+    auto k = self->Capacity({});
+    ASSERT_TRUE(k.ok()) << k.status();
+    seen.push_back(*k);
+    CapacityQuery list;
+    list.max_pages = 4;
+    auto l = self->Capacity(list);
+    ASSERT_TRUE(l.ok()) << l.status();
+    listed.push_back(*l);
+    frees.push_back(self->Free({{0}, ""}).status());
+    EXPECT_TRUE(self->CheckInvariants().ok()) << self->CheckInvariants();
+  };
+  auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  PagePool& pool = **made;
+  self = &pool;
+
+  auto r = pool.Alloc({12, "", "", {}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->pages_mapped, 3);
+  ASSERT_EQ(seen.size(), 2u);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(seen[i].allocated_blocks.value(), 0);
+    EXPECT_EQ(seen[i].available_blocks.value(), 52);
+    EXPECT_EQ(seen[i].pages_mapping.value(), 3);
+    EXPECT_EQ(seen[i].pages_full.value(), 0);
+    ASSERT_EQ(listed[i].pages.size(), 4u);
+    for (int p = 0; p < 3; ++p) {
+      EXPECT_EQ(listed[i].pages[p].page_id, p);
+      EXPECT_EQ(listed[i].pages[p].state, PageState::kMapping);
+      EXPECT_EQ(listed[i].pages[p].allocated_blocks.value(), 0);
+    }
+    EXPECT_EQ(listed[i].pages[3].state, PageState::kFree);
+    EXPECT_EQ(GetReason(frees[i]), FailureReason::kBlockNotAllocated)
+        << frees[i];
+  }
+  auto after = pool.Capacity({});
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->allocated_blocks.value(), 12);
+  EXPECT_EQ(after->pages_full.value(), 3);
+
+  seen.clear();
+  listed.clear();
+  frees.clear();
+  ASSERT_TRUE(pool.Free({{1, 4, 8}, ""}).ok());
+  ASSERT_EQ(seen.size(), 3u);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    SCOPED_TRACE(i);
+    // The Free of block 0 from inside the pause is what returned it.
+    EXPECT_EQ(seen[i].allocated_blocks.value(), i == 0 ? 12 : 11);
+    EXPECT_EQ(seen[i].available_blocks.value(), i == 0 ? 52 : 53);
+  }
+  EXPECT_TRUE(frees[0].ok()) << frees[0];
+  auto end = pool.Capacity({});
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(end->allocated_blocks.value(), 8);
+  EXPECT_EQ(end->available_blocks.value(), 56);
   EXPECT_TRUE(pool.CheckInvariants().ok());
 }
 

@@ -195,7 +195,7 @@ struct PoolOptions {
   absl::Duration revoke_timeout = absl::Seconds(10);
   // Pages a long locked walk covers between two releases of the pool lock
   // (docs/design.md, "Bounded lock hold"); values below 1 read as 1.
-  int64_t step_pages = 8;
+  int64_t step_pages = 1;
   // For tests: called without the pool lock between two steps of a long
   // locked walk (docs/design.md, "Bounded lock hold"), on the stepping
   // call's thread. It may call into the pool, except to name the blocks of
