@@ -79,6 +79,8 @@ struct RigOptions {
   ChangeFeed::Options watch;
   // DaemonOptions::sessions (ListSessions).
   std::shared_ptr<const attach::SessionDirectory> sessions;
+  // BrokerOptions::between_steps.
+  std::function<void()> between_steps;
 };
 
 // A started daemon. Construction failures are reported with ADD_FAILURE and

@@ -9,7 +9,8 @@
 // and Capacity. Every call is stamped with a shared logical clock before
 // it is sent and after its response arrives. The history must then be
 // linearizable against the reference model of the pool
-// (linearizability.h).
+// (linearizability.h). The pool pauses between the steps of its stepped
+// walks (docs/design.md, "Bounded lock hold"), so that calls overlap them.
 //
 // KVB_LIN_HISTORIES sets the number of histories (default 200);
 // KVB_LIN_SEED the first seed. A failure prints the seed, the geometry and
@@ -28,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "allocator/failure.h"
 #include "allocator/testing/reference_model.h"
 #include "allocator/units.h"
@@ -43,6 +45,7 @@ namespace {
 using ::kvbroker::testing::Client;
 using ::kvbroker::testing::Ids;
 using ::kvbroker::testing::Rig;
+using ::kvbroker::testing::RigOptions;
 using ::kvbroker::testing::Transport;
 
 constexpr int kClients = 3;
@@ -217,7 +220,12 @@ class Worker {
 TEST(Linearizability, ConcurrentHistoriesOfOnePool) {
   const int64_t histories = EnvInt("KVB_LIN_HISTORIES", 200);
   const uint64_t first_seed = static_cast<uint64_t>(EnvInt("KVB_LIN_SEED", 1));
-  Rig rig;
+  // Every pause between two steps of a call (at the default of one page,
+  // every call on more than one page steps) is widened, so that other
+  // clients' calls land inside it.
+  RigOptions ro;
+  ro.between_steps = [] { absl::SleepFor(absl::Microseconds(200)); };
+  Rig rig(ro);
   ASSERT_NE(rig.daemon, nullptr);
   Client admin(rig.Channel(Transport::kTcp));
   std::vector<std::unique_ptr<Client>> clients;
