@@ -68,9 +68,20 @@ void FaultInjectingBackend::ClearMemoryOverrides() {
   memory_overrides_.clear();
 }
 
+void FaultInjectingBackend::SetHook(BackendOp op, std::function<void()> hook) {
+  absl::MutexLock lock(&mu_);
+  hooks_[static_cast<int>(op)] = std::move(hook);
+}
+
 absl::Status FaultInjectingBackend::Intercept(BackendOp op, int device) {
   const int i = static_cast<int>(op);
   calls_[i].fetch_add(1, std::memory_order_relaxed);
+  std::function<void()> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    hook = hooks_[i];
+  }
+  if (hook) hook();
   absl::MutexLock lock(&mu_);
   for (auto it = rules_.begin(); it != rules_.end(); ++it) {
     const FaultRule& r = it->rule;

@@ -16,6 +16,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -64,6 +65,12 @@ class FaultInjectingBackend final : public Backend {
   // fires.
   void AddFault(FaultRule rule) ABSL_LOCKS_EXCLUDED(mu_);
   void ClearFaults() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Runs `hook` (no lock of this wrapper held) at the start of every call
+  // of `op`, before its rules are looked at; an empty function removes it.
+  // For tests that look at the caller while one of its backend calls runs.
+  void SetHook(BackendOp op, std::function<void()> hook)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Makes QueryMemory(device) report `info.total` and `info.free` minus the
   // bytes created through this wrapper and not yet released, instead of the
@@ -129,6 +136,8 @@ class FaultInjectingBackend final : public Backend {
 
   mutable absl::Mutex mu_;
   std::vector<ArmedRule> rules_ ABSL_GUARDED_BY(mu_);
+  std::array<std::function<void()>, static_cast<int>(BackendOp::kCount)>
+      hooks_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int, MemoryInfo>> memory_overrides_
       ABSL_GUARDED_BY(mu_);
   // Live handles created through this wrapper: handle -> (device, bytes).

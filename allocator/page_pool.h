@@ -557,7 +557,9 @@ class PagePool {
   // "Bounded lock hold"). Capacity is shown the ledger less this: such a
   // call's committed pages as still MAPPING and their blocks as not yet
   // taken, until its last step, so that no publication shows a call half
-  // committed. Zero while no call is in flight. committing_ lists those
+  // committed; and the blocks an Alloc zeroes for its holder as allocated
+  // (the ledger holds them as reserved meanwhile). Zero while no call is in
+  // flight. committing_ lists those
   // calls' committed pages, for the page list.
   CommitCounts unshown_ ABSL_GUARDED_BY(mu_);
   struct Committing {

@@ -24,14 +24,21 @@ absl::Status PagePool::ZeroForHolderLocked(const std::string& holder,
   if (to_zero.empty()) return absl::OkStatus();
   std::sort(to_zero.begin(), to_zero.end());
   const int64_t n = static_cast<int64_t>(to_zero.size());
+  // Held as reserved while they are zeroed, so that no Free takes them,
+  // but shown allocated: Capacity sees the Alloc done, as it is unless the
+  // zeroing fails (and then the pool has a device fault to report).
   ledger_.Reassign(to_zero, BlockOwner::kReserved);
   reserving_in_flight_ += n;
+  unshown_.reserved += n;
+  unshown_.allocated -= n;
   if (!request_id.empty()) remembered_.MarkPending(request_id);
   ++calls_in_flight_;
   absl::Status zeroed;
   WithoutLock([&] { zeroed = ZeroBlocks(to_zero); });
   --calls_in_flight_;
   if (!request_id.empty()) remembered_.ClearPending(request_id);
+  unshown_.reserved -= n;
+  unshown_.allocated += n;
   reserving_in_flight_ -= n;
   ledger_.Reassign(to_zero, BlockOwner::kAllocated);
   if (zeroed.ok()) {

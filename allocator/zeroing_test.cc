@@ -159,6 +159,34 @@ TEST_P(ZeroingTest, BlocksPassingToAnotherHolderAreZeroedOnlyThen) {
   EXPECT_TRUE(pool_->CheckInvariants().ok());
 }
 
+// While its blocks are zeroed (without the pool lock), an Alloc is shown
+// done: its blocks allocated, none reserved, although the pool holds them
+// as reserved meanwhile so that no Free can take them.
+TEST_P(ZeroingTest, CapacityShowsTheAllocDoneWhileItsBlocksAreZeroed) {
+  const std::vector<BlockId> a = Alloc(4, "engine-a");  // page 0
+  Free(a);                                              // IDLE, a's data
+  std::vector<std::string> during;
+  std::vector<absl::Status> frees;
+  faults_->SetHook(BackendOp::kZero, [&] {
+    during.push_back(Figures(*pool_->Capacity()));
+    frees.push_back(pool_->Free({{0}, ""}).status());
+  });
+  const std::vector<BlockId> b = Alloc(3, "engine-b");
+  faults_->SetHook(BackendOp::kZero, nullptr);
+  ASSERT_EQ(b, (std::vector<BlockId>{0, 1, 2}));
+  // The generation moves when the Alloc returns; every other figure is the
+  // same during the zeroing as after it.
+  auto figures = [](const std::string& f) { return f.substr(f.find(' ')); };
+  const std::string after = Figures(*pool_->Capacity());
+  ASSERT_EQ(during.size(), static_cast<size_t>(GetParam()));  // per device
+  for (const std::string& d : during) EXPECT_EQ(figures(d), figures(after));
+  EXPECT_NE(after.find("res=0 alloc=3"), std::string::npos) << after;
+  for (const absl::Status& s : frees) {
+    EXPECT_EQ(GetReason(s), FailureReason::kBlockInReservation) << s;
+  }
+  EXPECT_TRUE(pool_->CheckInvariants().ok());
+}
+
 TEST_P(ZeroingTest, FailedZeroingLeavesTheRedeemedReservationAsItWas) {
   const std::vector<BlockId> a = Alloc(4, "engine-a");  // page 0
   for (BlockId b : a) Fill(b, 'a');
