@@ -3,6 +3,7 @@
 #include "allocator/page_ledger.h"
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <numeric>
 
@@ -343,6 +344,9 @@ BlockCount PageLedger::CommitMap(PageId p, BlockCount n, BlockOwner owner,
 
 std::vector<PageId> PageLedger::ReturnBlocks(
     absl::Span<const BlockId> ascending) {
+  ABSL_ASSERT(std::adjacent_find(ascending.begin(), ascending.end(),
+                                 std::greater_equal<BlockId>()) ==
+              ascending.end());
   std::vector<PageId> touched;
   for (size_t i = 0; i < ascending.size();) {
     const PageId p = geometry_->page_of(ascending[i]);
@@ -352,11 +356,19 @@ std::vector<PageId> PageLedger::ReturnBlocks(
     int64_t reserved = 0, allocated = 0;
     // A consecutive run of ids (a call giving back what one Alloc took):
     // count and clear the owners over the range, set the bits a word at a
-    // time.
+    // time. The ids are strictly ascending, so when the one that many
+    // places on is the page's last block, every id up to it is named: no
+    // walk is needed to find the run.
     size_t run = i + 1;
-    while (run < ascending.size() && ascending[run] < page.end &&
-           ascending[run] == ascending[run - 1] + 1) {
-      ++run;
+    const size_t to_end = static_cast<size_t>(page.end - ascending[i]);
+    if (i + to_end <= ascending.size() &&
+        ascending[i + to_end - 1] == page.end - 1) {
+      run = i + to_end;
+    } else {
+      while (run < ascending.size() && ascending[run] < page.end &&
+             ascending[run] == ascending[run - 1] + 1) {
+        ++run;
+      }
     }
     if (run - i >= 8 &&
         (run == ascending.size() || ascending[run] >= page.end)) {

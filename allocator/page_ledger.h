@@ -190,7 +190,8 @@ class PageLedger {
 
   // ---- returning blocks and unmapping in flight ----
 
-  // Returns allocated or reserved blocks (ascending ids) to their pages.
+  // Returns allocated or reserved blocks (strictly ascending ids) to their
+  // pages.
   // Pages left with no allocated or reserved block are returned in order,
   // detached from every list: the caller passes each to KeepIdle or
   // BeginUnmap before anything else reads the ledger.

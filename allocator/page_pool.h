@@ -402,13 +402,14 @@ class PagePool {
 
   // --- Free in steps (docs/design.md, "Bounded lock hold") ---
   // A Free whose ids span more than step_pages_ pages marks them as being
-  // freed while it validates them, step by step, then returns them step by
+  // freed while it validates them, step by step, then returns them in one
   // step. Marked blocks still count as allocated; no other Free may name
   // them: one that does waits until they are no longer marked (the waiting
   // rule), so two Frees of the same ids never both succeed.
   bool FreeingLocked(BlockId b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (freeing_[b >> 6] >> (b & 63)) & 1;
   }
+  // REQUIRES: `ids` strictly ascending.
   void MarkFreeingLocked(absl::Span<const BlockId> ids, bool on)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until block b is not marked.

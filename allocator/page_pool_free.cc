@@ -202,13 +202,25 @@ BlockOwner PagePool::ShownOwnerLocked(BlockId b) const {
 }
 
 void PagePool::MarkFreeingLocked(absl::Span<const BlockId> ids, bool on) {
-  for (BlockId b : ids) {
-    const uint64_t bit = uint64_t{1} << (b & 63);
-    if (on) {
-      freeing_[b >> 6] |= bit;
-    } else {
-      freeing_[b >> 6] &= ~bit;
+  for (size_t i = 0; i < ids.size();) {
+    const BlockId b = ids[i];
+    // The ids are strictly ascending: when the one that many places on is
+    // the last of b's word, every id up to it is named, a word's run at
+    // once.
+    const size_t to_word_end = static_cast<size_t>(64 - (b & 63));
+    uint64_t mask = uint64_t{1} << (b & 63);
+    size_t next = i + 1;
+    if (to_word_end > 1 && i + to_word_end <= ids.size() &&
+        ids[i + to_word_end - 1] == (b | 63)) {
+      mask = ~uint64_t{0} << (b & 63);
+      next = i + to_word_end;
     }
+    if (on) {
+      freeing_[b >> 6] |= mask;
+    } else {
+      freeing_[b >> 6] &= ~mask;
+    }
+    i = next;
   }
   freeing_blocks_ += (on ? 1 : -1) * static_cast<int64_t>(ids.size());
 }

@@ -10,14 +10,28 @@
 //                                own create/map/set-access/unmap/release loop
 //                                for one page, no pool.
 //   BM_MutexBaseline             baseline: one uncontended lock/unlock.
+//   BM_WideFree/<step_pages>     Free of 2 048 blocks on 64 mapped pages
+//                                (the same_pool_bench mapper's Free), walked
+//                                in steps of 1 or 8 pages; the counter
+//                                last_step_ns is the time from the last
+//                                pause between steps to the return: the
+//                                step that gives the blocks back, the
+//                                longest lock hold of the call.
+//   BM_WideTrim                  Trim of those 64 pages (IDLE), in steps of
+//                                one; last_step_ns is the time from the
+//                                last driver call (a Release) to the
+//                                return: the step that lands the pages.
 //
 // Report ratios against the baselines (bench/RESULTS.md).
 
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "allocator/device_budget.h"
+#include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
 #include "allocator/page_pool.h"
 #include "benchmark/benchmark.h"
@@ -27,7 +41,8 @@ namespace {
 
 struct Fixture {
   explicit Fixture(int64_t pages, int64_t block_bytes, int64_t min_idle,
-                   int64_t max_idle)
+                   int64_t max_idle, int64_t step_pages = 1,
+                   std::function<void()> between_steps = nullptr)
       : host(HostBackendOptions{1, Bytes(int64_t{1} << 46), MiB(2)}),
         budgets(&host, 1.0) {
     (void)budgets.Init();
@@ -39,6 +54,8 @@ struct Fixture {
     PoolOptions o;
     o.min_idle_pages = min_idle;
     o.max_idle_pages = max_idle;
+    o.step_pages = step_pages;
+    o.between_steps = std::move(between_steps);
     pool = *PagePool::Create(c, &host, &budgets, &clock, o);
   }
   HostBackend host;
@@ -97,6 +114,63 @@ void BM_RawHostMapUnmap(benchmark::State& state) {
   (void)host.FreeRange(0, range);
 }
 BENCHMARK(BM_RawHostMapUnmap);
+
+void BM_WideFree(benchmark::State& state) {
+  int64_t last_pause = 0;
+  Fixture f(66, 64 * kKiB, 0, 66, state.range(0),
+            [&last_pause] { last_pause = absl::GetCurrentTimeNanos(); });
+  constexpr int64_t kBlocks = 64 * 32;
+  auto warm = f.pool->Alloc({kBlocks, "", "", {}});  // 64 pages, kept IDLE
+  (void)f.pool->Free({AllBlockIds(*warm), ""});
+  int64_t last_step = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto r = f.pool->Alloc({kBlocks, "", "", {}});
+    std::vector<BlockId> ids = AllBlockIds(*r);
+    state.ResumeTiming();
+    auto fr = f.pool->Free({std::move(ids), ""});
+    last_step += absl::GetCurrentTimeNanos() - last_pause;
+    benchmark::DoNotOptimize(fr);
+  }
+  state.counters["last_step_ns"] = benchmark::Counter(
+      static_cast<double>(last_step), benchmark::Counter::kAvgIterations);
+}
+BENCHMARK(BM_WideFree)->Arg(1)->Arg(8);
+
+void BM_WideTrim(benchmark::State& state) {
+  HostBackend host(HostBackendOptions{1, Bytes(int64_t{1} << 46), MiB(2)});
+  FaultInjectingBackend timed(&host);
+  int64_t last_release = 0;
+  timed.SetHook(BackendOp::kRelease, [&last_release] {
+    last_release = absl::GetCurrentTimeNanos();
+  });
+  DeviceBudgets budgets(&timed, 1.0);
+  (void)budgets.Init();
+  ManualClock clock;
+  PoolConfig c;
+  c.name = "bench";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(64);
+  c.max_blocks = 66 * 32;
+  PoolOptions o;
+  o.min_idle_pages = 0;
+  o.max_idle_pages = 66;
+  std::unique_ptr<PagePool> pool =
+      *PagePool::Create(c, &timed, &budgets, &clock, o);
+  int64_t last_step = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto r = pool->Alloc({64 * 32, "", "", {}});  // maps 64 pages
+    (void)pool->Free({AllBlockIds(*r), ""});      // all IDLE
+    state.ResumeTiming();
+    auto t = pool->Trim(0);
+    last_step += absl::GetCurrentTimeNanos() - last_release;
+    benchmark::DoNotOptimize(t);
+  }
+  state.counters["last_step_ns"] = benchmark::Counter(
+      static_cast<double>(last_step), benchmark::Counter::kAvgIterations);
+}
+BENCHMARK(BM_WideTrim);
 
 void BM_MutexBaseline(benchmark::State& state) {
   absl::Mutex mu;
