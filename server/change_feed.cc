@@ -1,4 +1,4 @@
-// ChangeFeed: dirty marks on the hot path, snapshots on the notifier thread;
+// ChangeFeed: one flag on the hot path, snapshots on the notifier thread;
 // see change_feed.h.
 
 #include "server/change_feed.h"
@@ -57,7 +57,7 @@ absl::Status ChangeFeed::Subscribe(Watch watch,
   names_[s.get()] = name;
   pools_[name].entries[s.get()] =
       Entry{std::move(watch), std::move(subscriber), std::nullopt};
-  MarkDirtyLocked(name);
+  MarkChangedLocked();
   unoffered_ = true;
   if (notifier_pacing_) wake_.Signal();
   count_.store(static_cast<int>(names_.size()));
@@ -73,28 +73,30 @@ void ChangeFeed::Unsubscribe(const Subscriber* subscriber) {
   auto caller = callers_.find(entry->second.watch.caller);
   if (--caller->second == 0) callers_.erase(caller);
   pool->second.entries.erase(entry);
-  if (pool->second.entries.empty()) {
-    dirty_.erase(pool->first);
-    pools_.erase(pool);
-  }
+  if (pool->second.entries.empty()) pools_.erase(pool);
   names_.erase(name);
   count_.store(static_cast<int>(names_.size()));
 }
 
 void ChangeFeed::Publish(const std::string& pool) {
   if (count_.load(std::memory_order_relaxed) == 0) return;
+  if (!pool.empty()) {
+    // Between two passes only the first change takes the lock (to wake
+    // the notifier); the pass finds which pools changed by their
+    // generations.
+    if (changed_.exchange(true, std::memory_order_acq_rel)) return;
+    absl::MutexLock lock(&mu_);
+    if (notifier_idle_) wake_.Signal();
+    return;
+  }
   absl::MutexLock lock(&mu_);
   if (closed_) return;
-  if (pool.empty()) {
-    for (const auto& [name, watched] : pools_) MarkDirtyLocked(name);
-  } else if (pools_.count(pool) > 0) {
-    MarkDirtyLocked(pool);
-  }
+  every_pool_ = true;  // a pool may be gone: read every one
+  MarkChangedLocked();
 }
 
-void ChangeFeed::MarkDirtyLocked(const std::string& name) {
-  const bool was_clean = dirty_.empty();
-  dirty_.insert(name);
+void ChangeFeed::MarkChangedLocked() {
+  const bool was_clean = !changed_.exchange(true, std::memory_order_acq_rel);
   if (was_clean && notifier_idle_) wake_.Signal();
 }
 
@@ -122,7 +124,7 @@ ChangeFeed::PassStats ChangeFeed::Pass(bool firsts_only) {
       }
     };
     if (firsts_only) {
-      // The dirty marks stay for the next full pass.
+      // changed_ stays up for the next full pass.
       unoffered_ = false;
       for (const auto& [name, watched] : pools_) {
         for (const auto& [key, entry] : watched.entries) {
@@ -130,13 +132,22 @@ ChangeFeed::PassStats ChangeFeed::Pass(bool firsts_only) {
         }
       }
     } else {
-      for (const std::string& name : dirty_) {
-        for (const auto& [key, entry] : pools_.at(name).entries) {
+      // Taken before the pools are read: a change after this is seen by
+      // the next pass.
+      changed_.exchange(false, std::memory_order_acq_rel);
+      const bool every = every_pool_;
+      every_pool_ = false;
+      for (const auto& [name, watched] : pools_) {
+        std::optional<uint64_t> generation;
+        for (const auto& [key, entry] : watched.entries) {
+          if (!every && entry.offered.has_value()) {
+            if (!generation) generation = entry.watch.pool->generation();
+            if (*entry.offered == *generation) continue;
+          }
           add(key, entry);
         }
       }
-      dirty_.clear();
-      unoffered_ = false;  // every new subscription's pool is dirty
+      unoffered_ = false;  // every new subscription is taken
     }
   }
   // One snapshot per (pool incarnation, length) in this pass.
@@ -189,7 +200,9 @@ void ChangeFeed::NotifierLoop() {
     {
       absl::MutexLock lock(&mu_);
       notifier_idle_ = true;
-      while (!closed_ && dirty_.empty()) wake_.Wait(&mu_);
+      while (!closed_ && !changed_.load(std::memory_order_acquire)) {
+        wake_.Wait(&mu_);
+      }
       notifier_idle_ = false;
       if (closed_) return;
     }
@@ -230,7 +243,6 @@ void ChangeFeed::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
-    dirty_.clear();
     wake_.SignalAll();
     for (const auto& [name, watched] : pools_) {
       for (const auto& [key, entry] : watched.entries) {

@@ -1,9 +1,11 @@
 // ChangeFeed: takes capacity snapshots off the hot path. The broker's
 // on_change hook (BrokerOptions::on_change) calls Publish(pool) on the thread
-// that changed the pool; Publish only marks the pool's watchers dirty. One
-// notifier thread then builds the pool's snapshot once per pass and hands the
-// same immutable message to every WatchCapacity stream (Subscriber) of that
-// pool.
+// that changed the pool; Publish only raises one flag (an atomic exchange;
+// the first change after a pass also wakes the notifier). One notifier
+// thread then finds the pools whose generation differs from what their
+// watchers were last offered, builds each such pool's snapshot once per pass
+// and hands the same immutable message to every WatchCapacity stream
+// (Subscriber) of that pool.
 //
 // Coalescing: every change of a pool between two notifier passes costs one
 // snapshot per distinct page-list length asked for by its watchers (watchers
@@ -36,9 +38,10 @@
 // when access control is on, else the peer's address without its port (every
 // client of one host, or of the Unix socket, is one caller).
 //
-// Publish("") (the broker's "the set of pools changed") marks every watched
-// pool dirty, so that watchers of a deleted pool notice: a pool that can no
-// longer be read ends its subscribers with its failure (POOL_NOT_FOUND).
+// Publish("") (the broker's "the set of pools changed") makes the next pass
+// read every watched pool, so that watchers of a deleted pool notice: a pool
+// that can no longer be read ends its subscribers with its failure
+// (POOL_NOT_FOUND).
 // Close() calls OnClose() on every subscriber once, stops the notifier and
 // refuses later subscriptions; the server calls it when it starts draining.
 //
@@ -58,7 +61,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 
@@ -110,8 +112,8 @@ class ChangeFeed {
   ChangeFeed(const ChangeFeed&) = delete;
   ChangeFeed& operator=(const ChangeFeed&) = delete;
 
-  // Registers `subscriber` for snapshots of `watch.pool` and marks the pool
-  // dirty, so that its first snapshot comes from the next pass. Errors:
+  // Registers `subscriber` for snapshots of `watch.pool`; its first
+  // snapshot comes from the next pass. Errors:
   // UNAVAILABLE once the feed is closed; INVALID_ARGUMENT (field "pool") when
   // `watch.caller` already holds max_watches_per_caller subscriptions;
   // INVALID_ARGUMENT when `subscriber` is gone.
@@ -120,8 +122,9 @@ class ChangeFeed {
   // Removes `subscriber`; a no-op if it is not registered.
   void Unsubscribe(const Subscriber* subscriber) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Marks the watchers of `pool` (every watcher for "") dirty. Takes no lock
-  // when nobody watches anything.
+  // Tells the notifier that `pool` changed ("": the set of pools changed).
+  // Takes no lock when nobody watches anything, nor when a change since the
+  // last pass already did.
   void Publish(const std::string& pool) ABSL_LOCKS_EXCLUDED(mu_);
 
   struct PassStats {
@@ -129,12 +132,13 @@ class ChangeFeed {
     int offered = 0;        // OnSnapshot calls
     int first_offered = 0;  // of those, a subscription's first (not paced)
   };
-  // One notifier pass over the pools dirty now: builds their snapshots and
-  // offers them. The notifier thread runs it; with start_notifier == false,
-  // the owner does.
+  // One notifier pass over the pools whose generation moved since their
+  // watchers' last snapshot (every pool after Publish("")): builds their
+  // snapshots and offers them. The notifier thread runs it; with
+  // start_notifier == false, the owner does.
   PassStats NotifyPass() ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
   // Offers the current snapshot to every subscription that was never
-  // offered one, leaving the dirty marks for the next NotifyPass. The
+  // offered one, leaving the others for the next NotifyPass. The
   // notifier runs it when a subscription arrives while it paces itself.
   PassStats NotifyFirsts() ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
 
@@ -161,9 +165,8 @@ class ChangeFeed {
 
   void NotifierLoop() ABSL_LOCKS_EXCLUDED(mu_);
   PassStats Pass(bool firsts_only) ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
-  // Adds `name` to dirty_ and wakes an idle notifier when dirty_ was empty.
-  void MarkDirtyLocked(const std::string& name)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Raises changed_ and wakes an idle notifier when it was down.
+  void MarkChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
 
@@ -175,15 +178,21 @@ class ChangeFeed {
   std::map<const Subscriber*, std::string> names_ ABSL_GUARDED_BY(mu_);
   // Subscriptions per caller; a caller is present while it has one.
   std::map<std::string, int> callers_ ABSL_GUARDED_BY(mu_);
-  // Pool names changed since the last pass took them; a subset of pools_'s
-  // keys.
-  std::set<std::string> dirty_ ABSL_GUARDED_BY(mu_);
+  // A pool changed (or a subscription arrived) since the last full pass
+  // took the flag; set without mu_ by Publish, which takes mu_ only when it
+  // raises the flag (to wake the notifier), so that at most one Publish per
+  // pass locks. A pass lowers it (acquiring: a pool change published before
+  // the Publish that raised it is visible to the pass) before it reads the
+  // pools' generations.
+  std::atomic<bool> changed_{false};
+  // The next full pass reads every pool, not only those whose generation
+  // moved (Publish("")).
+  bool every_pool_ ABSL_GUARDED_BY(mu_) = false;
   // The notifier sleeps on wake_, never in a Mutex::Await: a waiter with a
-  // condition on mu_ sends every Unlock of mu_ (each Publish, that is each
-  // Alloc and Free while anyone watches) down absl::Mutex's slow path to
-  // evaluate it. A Publish signals only when it makes dirty_ non-empty
-  // while the notifier waits for work (notifier_idle_), at most once per
-  // pass; the pacing wait after a pass is woken by Close and Subscribe.
+  // condition on mu_ sends every Unlock of mu_ down absl::Mutex's slow path
+  // to evaluate it. A Publish signals only when it raises changed_ while
+  // the notifier waits for work (notifier_idle_), at most once per pass;
+  // the pacing wait after a pass is woken by Close and Subscribe.
   absl::CondVar wake_;
   bool notifier_idle_ ABSL_GUARDED_BY(mu_) = false;
   // The notifier waits out its pause; a Subscribe wakes it then.
@@ -193,7 +202,7 @@ class ChangeFeed {
   // == names_.size(), readable without mu_: Publish with nobody watching
   // (every Alloc and Free while there is no watcher) takes no lock. A
   // subscriber that registers while a Publish skips loses nothing: its
-  // registration marks its pool dirty itself.
+  // registration raises changed_ itself.
   std::atomic<int> count_{0};
 
   // Serializes passes (the thread's and the owner's).
