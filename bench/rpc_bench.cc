@@ -17,7 +17,10 @@
 // calls in flight) with --watchers WatchCapacity streams of that pool open,
 // against the same with none, alternating within one run. The watchers are
 // idle clients: each reads and discards every snapshot it is sent. Target:
-// >= 0.9 x the throughput without watchers.
+// >= 0.9 x the throughput without watchers. Its baseline, in the same
+// rounds (callback threading): the same throughput with as many bare idle
+// streams of the same server open (bench.Ping/Hold: one message, then
+// silence), i.e. what that many open gRPC streams cost by themselves.
 
 #include <grpcpp/grpcpp.h>
 
@@ -77,6 +80,25 @@ class PingService final : public bench::Ping::CallbackService {
     r->Finish(grpc::Status::OK);
     return r;
   }
+  grpc::ServerWriteReactor<bench::PingResponse>* Hold(
+      grpc::CallbackServerContext* /*ctx*/,
+      const bench::PingRequest* /*request*/) override {
+    return new HoldStream;
+  }
+
+ private:
+  // One message, then open and silent until the client cancels.
+  class HoldStream final
+      : public grpc::ServerWriteReactor<bench::PingResponse> {
+   public:
+    HoldStream() { StartWrite(&first_); }
+    void OnWriteDone(bool /*ok*/) override {}
+    void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+    void OnDone() override { delete this; }
+
+   private:
+    bench::PingResponse first_;
+  };
 };
 
 // The ping of the poller mode: a raw method the daemon's poller serves.
@@ -158,15 +180,18 @@ double Qps(const std::function<void(std::function<void()>)>& start,
   return completed / absl::ToDoubleSeconds(absl::Now() - t0);
 }
 
-// An idle WatchCapacity client: reads and drops every snapshot.
-class IdleWatcher final
-    : public grpc::ClientReadReactor<v1::WatchCapacityResponse> {
+// An idle client of a server stream: reads and drops every message, counts
+// them. `Request` is the stream's request message, `Response` its message.
+template <typename Request, typename Response>
+class IdleStream final : public grpc::ClientReadReactor<Response> {
  public:
-  void Start(v1::KvBroker::Stub* stub, const std::string& pool) {
-    request_.set_pool(pool);
-    stub->async()->WatchCapacity(&ctx_, &request_, this);
-    StartRead(&response_);
-    StartCall();
+  // `call(ctx, request, reactor)` starts the stream (a Stub::async() method).
+  template <typename Call>
+  void Start(Call call, Request request) {
+    request_ = std::move(request);
+    call(&ctx_, &request_, this);
+    this->StartRead(&response_);
+    this->StartCall();
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;
@@ -174,16 +199,16 @@ class IdleWatcher final
       absl::MutexLock lock(&mu_);
       ++reads_;
     }
-    StartRead(&response_);
+    this->StartRead(&response_);
   }
   void OnDone(const grpc::Status& /*status*/) override {
     absl::MutexLock lock(&mu_);
     done_ = true;
   }
-  void AwaitFirstSnapshot() {
+  void AwaitFirstMessage() {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &IdleWatcher::HasReadOrEnded));
-    if (reads_ == 0) Die("a watcher ended before its first snapshot");
+    mu_.Await(absl::Condition(this, &IdleStream::HasReadOrEnded));
+    if (reads_ == 0) Die("an idle stream ended before its first message");
   }
   void CancelAndWait() {
     ctx_.TryCancel();
@@ -201,12 +226,15 @@ class IdleWatcher final
   }
 
   grpc::ClientContext ctx_;
-  v1::WatchCapacityRequest request_;
-  v1::WatchCapacityResponse response_;
+  Request request_;
+  Response response_;
   absl::Mutex mu_;
   int64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
+using IdleWatcher =
+    IdleStream<v1::WatchCapacityRequest, v1::WatchCapacityResponse>;
+using IdleHold = IdleStream<bench::PingRequest, bench::PingResponse>;
 
 // One Alloc(16) on pool "bench", then the Free of its blocks: two RPCs per
 // completion.
@@ -242,44 +270,75 @@ void AllocFreeAsync(v1::KvBroker::Stub* kvb, std::function<void()> done) {
 // --mode=watchers; see the file comment. Rounds alternate: no watcher, then
 // --watchers streams opened (each has its first snapshot before the phase
 // starts) and closed again after it.
-int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb) {
+int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb,
+                 bool with_baseline) {
   const int count = absl::GetFlag(FLAGS_watchers);
   const int inflight = absl::GetFlag(FLAGS_inflight);
   const double secs = absl::GetFlag(FLAGS_qps_seconds);
-  // The watchers come over their own connections, as separate clients do.
+  // The streams come over their own connections, as separate clients do.
   constexpr int kWatchChannels = 8;
   std::vector<std::unique_ptr<v1::KvBroker::Stub>> watch_stubs;
+  std::vector<std::unique_ptr<bench::Ping::Stub>> hold_stubs;
   for (int i = 0; i < kWatchChannels; ++i) {
     grpc::ChannelArguments args;
     args.SetInt("kvbroker.bench.watch_channel", i);  // a connection each
-    watch_stubs.push_back(v1::KvBroker::NewStub(grpc::CreateCustomChannel(
-        target, grpc::InsecureChannelCredentials(), args)));
+    auto channel = grpc::CreateCustomChannel(
+        target, grpc::InsecureChannelCredentials(), args);
+    watch_stubs.push_back(v1::KvBroker::NewStub(channel));
+    hold_stubs.push_back(bench::Ping::NewStub(channel));
   }
   auto allocfree = [&](std::function<void()> done) {
     AllocFreeAsync(kvb, std::move(done));
   };
+  // Alloc+Free throughput with `streams` open (each has its first message
+  // before the phase starts); the messages they read during the phase are
+  // added to *read.
+  auto loaded = [&](auto& streams, int64_t* read) {
+    for (auto& w : streams) w->AwaitFirstMessage();
+    int64_t before = 0;
+    for (auto& w : streams) before += w->reads();
+    const double qps = 2 * Qps(allocfree, inflight, secs);
+    for (auto& w : streams) *read += w->reads();
+    *read -= before;
+    for (auto& w : streams) w->CancelAndWait();
+    return qps;
+  };
   Qps(allocfree, inflight, secs / 2);  // warm-up
-  std::vector<double> alone, watched, ratios;
-  int64_t snapshots = 0;
+  std::vector<double> alone, watched, held, ratios, held_ratios, net_ratios;
+  int64_t snapshots = 0, held_reads = 0;
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     alone.push_back(2 * Qps(allocfree, inflight, secs));
     std::vector<std::unique_ptr<IdleWatcher>> watchers;
     for (int i = 0; i < count; ++i) {
       watchers.push_back(std::make_unique<IdleWatcher>());
-      watchers.back()->Start(watch_stubs[i % kWatchChannels].get(), "bench");
+      v1::WatchCapacityRequest request;
+      request.set_pool("bench");
+      v1::KvBroker::Stub* stub = watch_stubs[i % kWatchChannels].get();
+      watchers.back()->Start(
+          [stub](auto... a) { stub->async()->WatchCapacity(a...); },
+          std::move(request));
     }
-    for (auto& w : watchers) w->AwaitFirstSnapshot();
-    int64_t before = 0;
-    for (auto& w : watchers) before += w->reads();
-    watched.push_back(2 * Qps(allocfree, inflight, secs));
-    for (auto& w : watchers) snapshots += w->reads();
-    snapshots -= before;
-    for (auto& w : watchers) w->CancelAndWait();
+    watched.push_back(loaded(watchers, &snapshots));
     ratios.push_back(watched.back() / alone.back());
     std::printf(
         "round %d: Alloc+Free(16) %.0f RPC/s alone, %.0f with %d "
-        "watchers (%.3fx)\n",
+        "watchers (%.3fx)",
         round, alone.back(), watched.back(), count, ratios.back());
+    if (with_baseline) {
+      std::vector<std::unique_ptr<IdleHold>> holds;
+      for (int i = 0; i < count; ++i) {
+        holds.push_back(std::make_unique<IdleHold>());
+        bench::Ping::Stub* stub = hold_stubs[i % kWatchChannels].get();
+        holds.back()->Start([stub](auto... a) { stub->async()->Hold(a...); },
+                            bench::PingRequest());
+      }
+      held.push_back(loaded(holds, &held_reads));
+      held_ratios.push_back(held.back() / alone.back());
+      net_ratios.push_back(watched.back() / held.back());
+      std::printf(", %.0f with %d bare idle streams (%.3fx)", held.back(),
+                  count, held_ratios.back());
+    }
+    std::printf("\n");
   }
   std::printf(
       "\nwatchers, %d in flight over %s: Alloc+Free(16) %.0f RPC/s alone, "
@@ -291,6 +350,13 @@ int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb) {
       absl::GetFlag(FLAGS_rounds),
       static_cast<double>(snapshots) /
           (count * secs * absl::GetFlag(FLAGS_rounds)));
+  if (with_baseline) {
+    std::printf(
+        "baseline: %.0f RPC/s with %d bare idle streams of the same server "
+        "(Ping.Hold): %.3fx alone; watchers / bare idle streams: %.3fx "
+        "(medians of the rounds)\n",
+        Median(held), count, Median(held_ratios), Median(net_ratios));
+  }
   return 0;
 }
 
@@ -413,7 +479,10 @@ int Main() {
   };
 
   if (watchers_mode) {
-    const int rc = WatchersMode(target, kvb);
+    // The bare idle streams are a callback method; the poller serves only
+    // unary calls.
+    const int rc = WatchersMode(target, kvb,
+                                dopt.threading != ServerThreading::kPoller);
     (*daemon)->Drain();
     return rc;
   }
