@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
 #include "allocator/testing/gated_backend.h"
@@ -543,6 +544,46 @@ TEST(PagePoolBudgetTest, RefreshWhilePagesAreChargedButNotCreated) {
   EXPECT_EQ(budgets.Snapshot(0).created, Bytes(0));
   EXPECT_EQ(budgets.Snapshot(0).charged, Bytes(0));
   EXPECT_TRUE((*pool)->CheckInvariants().ok());
+}
+
+// A Shutdown that is not forced, asked while an Alloc maps into an empty
+// pool, is refused with POOL_NOT_EMPTY once that Alloc is done: it counts
+// the blocks after the calls in flight, not before them (when it found
+// none and would have deleted a pool whose blocks the Alloc then handed
+// out).
+TEST(PagePoolShutdownTest, UnforcedShutdownDuringAnAllocIsRefused) {
+  HostBackend host(HostBackendOptions{1, MiB(40), MiB(2)});
+  testing_support::GatedBackend gated(&host);
+  DeviceBudgets budgets(&gated, 1.0);
+  ASSERT_TRUE(budgets.Init().ok());
+  ManualClock clock;
+  PoolConfig c;
+  c.name = "p";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(512);
+  c.max_blocks = 32;
+  PoolOptions o;
+  o.min_idle_pages = 0;
+  o.max_idle_pages = 8;
+  auto pool = PagePool::Create(c, &gated, &budgets, &clock, o);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+
+  gated.Arm();
+  absl::StatusOr<AllocResult> r;
+  std::thread alloc([&] { r = (*pool)->Alloc({8, "", "", {}}); });
+  gated.WaitUntilHeld();  // the Alloc's pages are in flight
+  absl::Status shut;
+  std::thread shutdown([&] { shut = (*pool)->Shutdown(/*force=*/false); });
+  // Gives the Shutdown time to reach the pool before the Alloc goes on;
+  // its outcome does not depend on it.
+  absl::SleepFor(absl::Milliseconds(20));
+  gated.Release(/*fail=*/false);
+  alloc.join();
+  shutdown.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(GetReason(shut), FailureReason::kPoolNotEmpty) << shut;
+  EXPECT_TRUE((*pool)->Free({AllBlockIds(*r), ""}).ok());
+  EXPECT_TRUE((*pool)->Shutdown(/*force=*/false).ok());
 }
 
 }  // namespace
