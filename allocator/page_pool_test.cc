@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -19,6 +20,16 @@
 
 namespace kvbroker {
 namespace {
+
+// Pool "p" of 2 MiB pages holding four 512 KiB blocks each.
+PoolConfig FourBlockPages(int64_t max_blocks) {
+  PoolConfig c;
+  c.name = "p";
+  c.page_size = MiB(2);
+  c.block_bytes = KiB(512);
+  c.max_blocks = max_blocks;
+  return c;
+}
 
 class PagePoolTest : public ::testing::Test {
  protected:
@@ -43,6 +54,22 @@ class PagePoolTest : public ::testing::Test {
     o.min_idle_pages = min_idle;
     o.max_idle_pages = max_idle;
     auto pool = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return pool.ok() ? *std::move(pool) : nullptr;
+  }
+
+  // Pages of four 512 KiB blocks (FourBlockPages(blocks)), walked in steps
+  // of one page with `between_steps` run between two steps; emptied pages
+  // stay IDLE (up to max_idle).
+  std::unique_ptr<PagePool> SteppedPool(int64_t blocks, int64_t max_idle,
+                                        std::function<void()> between_steps) {
+    PoolOptions o;
+    o.min_idle_pages = 0;
+    o.max_idle_pages = max_idle;
+    o.step_pages = 1;
+    o.between_steps = std::move(between_steps);
+    auto pool = PagePool::Create(FourBlockPages(blocks), &backend_, &budgets_,
+                                 &clock_, o);
     EXPECT_TRUE(pool.ok()) << pool.status();
     return pool.ok() ? *std::move(pool) : nullptr;
   }
@@ -149,16 +176,6 @@ TEST_F(PagePoolTest, NullBlockNeverFreedOrTrimmed) {
   EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
-// Pool "p" of 2 MiB pages holding four 512 KiB blocks each.
-PoolConfig FourBlockPages(int64_t max_blocks) {
-  PoolConfig c;
-  c.name = "p";
-  c.page_size = MiB(2);
-  c.block_bytes = KiB(512);
-  c.max_blocks = max_blocks;
-  return c;
-}
-
 // A Free is cut into steps by the pages its ids span, not by their count:
 // with steps of eight pages, ids on eight pages are one step (no pause
 // between steps), ids on nine are validated in two (one pause) and
@@ -202,16 +219,10 @@ TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
 // on three pages pauses twice validating and once before returning them,
 // and a mapping Alloc of three pages pauses twice committing them.
 TEST_F(PagePoolTest, StepPagesSetsTheStep) {
-  const PoolConfig c = FourBlockPages(64);  // 16 pages
-  PoolOptions o;
-  o.min_idle_pages = 0;
-  o.max_idle_pages = 16;
-  o.step_pages = 1;
   int pauses = 0;
-  o.between_steps = [&pauses] { ++pauses; };
-  auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
-  ASSERT_TRUE(made.ok()) << made.status();
-  PagePool& pool = **made;
+  auto made = SteppedPool(64, 16, [&pauses] { ++pauses; });  // 16 pages
+  ASSERT_NE(made, nullptr);
+  PagePool& pool = *made;
   auto r = pool.Alloc({12, "", "", {}});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->pages_mapped, 3);
@@ -230,16 +241,11 @@ TEST_F(PagePoolTest, StepPagesSetsTheStep) {
 // refused; a stepped Free is shown with nothing returned until it returns
 // everything in one step.
 TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
-  const PoolConfig c = FourBlockPages(64);  // 16 pages
-  PoolOptions o;
-  o.min_idle_pages = 0;
-  o.max_idle_pages = 16;
-  o.step_pages = 1;
   PagePool* self = nullptr;
   std::vector<CapacitySnapshot> seen;
   std::vector<CapacitySnapshot> listed;
   std::vector<absl::Status> frees;
-  o.between_steps = [&] {
+  auto made = SteppedPool(64, 16, [&] {  // 16 pages
     auto k = self->Capacity({});
     ASSERT_TRUE(k.ok()) << k.status();
     seen.push_back(*k);
@@ -250,10 +256,9 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
     listed.push_back(*l);
     frees.push_back(self->Free({{0}, ""}).status());
     EXPECT_TRUE(self->CheckInvariants().ok()) << self->CheckInvariants();
-  };
-  auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
-  ASSERT_TRUE(made.ok()) << made.status();
-  PagePool& pool = **made;
+  });
+  ASSERT_NE(made, nullptr);
+  PagePool& pool = *made;
   self = &pool;
 
   auto r = pool.Alloc({12, "", "", {}});
@@ -303,22 +308,16 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
 // Trim looks at the IDLE list again after every step: a call that takes the
 // last IDLE page while Trim is between two steps leaves it nothing to take.
 TEST_F(PagePoolTest, TrimRechecksIdlePagesAfterEachStep) {
-  const PoolConfig c = FourBlockPages(16);  // 4 pages
-  PoolOptions o;
-  o.min_idle_pages = 0;
-  o.max_idle_pages = 4;
-  o.step_pages = 1;
   PagePool* self = nullptr;
   bool armed = false;
   absl::StatusOr<AllocResult> taken;
-  o.between_steps = [&] {
+  auto made = SteppedPool(16, 4, [&] {  // 4 pages
     if (!armed) return;
     armed = false;
     taken = self->Alloc({4, "", "", {}});  // the one IDLE page left
-  };
-  auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
-  ASSERT_TRUE(made.ok()) << made.status();
-  PagePool& pool = **made;
+  });
+  ASSERT_NE(made, nullptr);
+  PagePool& pool = *made;
   self = &pool;
   auto r = pool.Alloc({8, "", "", {}});  // two pages
   ASSERT_TRUE(r.ok()) << r.status();
@@ -500,22 +499,35 @@ TEST_F(PagePoolTest, OutcomesAreCountedByReasonWhereRefused) {
 // docs/design.md, "Device budgets": a refresh while an Alloc's pages are
 // charged but not yet created, and again while the pool holds them. The
 // budget never counts them as free.
-TEST(PagePoolBudgetTest, RefreshWhilePagesAreChargedButNotCreated) {
-  HostBackend host(HostBackendOptions{1, MiB(40), MiB(2)});
-  testing_support::GatedBackend gated(&host);
-  DeviceBudgets budgets(&gated, 1.0);
-  ASSERT_TRUE(budgets.Init().ok());
+// A pool of 8 pages of four blocks on a 40 MiB host device behind a
+// GatedBackend, whose Create calls a test can hold; emptied pages stay IDLE.
+struct GatedRig {
+  GatedRig()
+      : host(HostBackendOptions{1, MiB(40), MiB(2)}),
+        gated(&host),
+        budgets(&gated, 1.0) {
+    if (absl::Status s = budgets.Init(); !s.ok()) {
+      pool = s;
+      return;
+    }
+    PoolOptions o;
+    o.min_idle_pages = 0;
+    o.max_idle_pages = 8;
+    pool = PagePool::Create(FourBlockPages(32), &gated, &budgets, &clock, o);
+  }
+  HostBackend host;
+  testing_support::GatedBackend gated;
+  DeviceBudgets budgets;
   ManualClock clock;
-  PoolConfig c;
-  c.name = "p";
-  c.page_size = MiB(2);
-  c.block_bytes = KiB(512);
-  c.max_blocks = 32;  // 8 pages of 4 blocks
-  PoolOptions o;
-  o.min_idle_pages = 0;
-  o.max_idle_pages = 8;
-  auto pool = PagePool::Create(c, &gated, &budgets, &clock, o);
-  ASSERT_TRUE(pool.ok()) << pool.status();
+  absl::StatusOr<std::unique_ptr<PagePool>> pool;
+};
+
+TEST(PagePoolBudgetTest, RefreshWhilePagesAreChargedButNotCreated) {
+  GatedRig rig;
+  ASSERT_TRUE(rig.pool.ok()) << rig.pool.status();
+  auto& pool = rig.pool;
+  testing_support::GatedBackend& gated = rig.gated;
+  DeviceBudgets& budgets = rig.budgets;
   EXPECT_EQ(budgets.AffordableBundles({0}, MiB(2)), 20);
 
   gated.Arm();
@@ -552,21 +564,10 @@ TEST(PagePoolBudgetTest, RefreshWhilePagesAreChargedButNotCreated) {
 // none and would have deleted a pool whose blocks the Alloc then handed
 // out).
 TEST(PagePoolShutdownTest, UnforcedShutdownDuringAnAllocIsRefused) {
-  HostBackend host(HostBackendOptions{1, MiB(40), MiB(2)});
-  testing_support::GatedBackend gated(&host);
-  DeviceBudgets budgets(&gated, 1.0);
-  ASSERT_TRUE(budgets.Init().ok());
-  ManualClock clock;
-  PoolConfig c;
-  c.name = "p";
-  c.page_size = MiB(2);
-  c.block_bytes = KiB(512);
-  c.max_blocks = 32;
-  PoolOptions o;
-  o.min_idle_pages = 0;
-  o.max_idle_pages = 8;
-  auto pool = PagePool::Create(c, &gated, &budgets, &clock, o);
-  ASSERT_TRUE(pool.ok()) << pool.status();
+  GatedRig rig;
+  ASSERT_TRUE(rig.pool.ok()) << rig.pool.status();
+  auto& pool = rig.pool;
+  testing_support::GatedBackend& gated = rig.gated;
 
   gated.Arm();
   absl::StatusOr<AllocResult> r;
