@@ -133,9 +133,10 @@ PoolCounters PagePool::CountersLocked() const {
   c.generation = static_cast<int64_t>(generation_);
   c.shut_down = shut_down_ ? 1 : 0;
   c.failed = failed_ ? 1 : 0;
+  // unshown_ is zero unless a call commits in steps or zeroes blocks.
   const CommitCounts shown = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     CommitCounts k = CommitCountsLocked();
-    k -= unshown_;
+    if (calls_in_flight_ > 0) k -= unshown_;
     return k;
   }();
   c.mapped_supply = shown.mapped_supply;

@@ -136,10 +136,12 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
               busy = b;
               break;
             }
-            if (stepped) {
-              MarkFreeingLocked(absl::MakeConstSpan(&b, 1), true);
-              ++marked;
-            }
+          }
+          // A step's ids are marked together once all of them passed
+          // (the ids are distinct, so none can meet its own mark).
+          if (stepped && valid && busy < 0) {
+            MarkFreeingLocked(step_ids(k), true);
+            marked = cuts[k + 1];
           }
         }
         if (busy >= 0 || !valid) {
