@@ -423,6 +423,9 @@ struct Stepping {
   PagePool* pool = nullptr;
   bool inside = false;
   int64_t steps = 0;
+  // Capacity's allocated blocks at each pause, before the caller's own
+  // calls: the stepping call is shown not started until it is done.
+  std::vector<int64_t> allocated;
   std::vector<std::string> errors;
 };
 
@@ -439,6 +442,7 @@ void CheckBetweenSteps(Stepping* st) {
   if (!cap.ok()) {
     fail(cap.status().ToString());
   } else {
+    st->allocated.push_back(cap->allocated_blocks.value());
     const int64_t c = cap->available_blocks.value();
     AllocRequest more;
     more.num_blocks = c + 1;
@@ -511,12 +515,15 @@ TEST(ConcurrentPropertyTest, CallerBetweenStepsSeesAnExactPool) {
     SCOPED_TRACE(absl::StrCat("round ", round));
     // 40 fresh pages committed eight at a time: 4 steps.
     st.steps = 0;
+    st.allocated.clear();
     AllocRequest all;
     all.num_blocks = kPages * kPerPage;
     auto got = pool.Alloc(all);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->pages_mapped, kPages);
     EXPECT_EQ(st.steps, 4);
+    EXPECT_EQ(st.allocated, std::vector<int64_t>(4, 0));  // not committed
+    st.allocated.clear();
     // Their blocks validated eight pages at a time (4 pauses), then
     // returned in one step (1 pause before it); every page stays IDLE.
     st.steps = 0;
@@ -527,12 +534,16 @@ TEST(ConcurrentPropertyTest, CallerBetweenStepsSeesAnExactPool) {
     ASSERT_TRUE(freed.ok()) << freed.status();
     EXPECT_EQ(freed->freed_blocks, kPages * kPerPage);
     EXPECT_EQ(st.steps, 5);
+    EXPECT_EQ(st.allocated, std::vector<int64_t>(5, kPages * kPerPage));
+    st.allocated.clear();
     // Trimmed: taken eight at a time (4 pauses), landed in one step.
     st.steps = 0;
     auto trimmed = pool.Trim();
     ASSERT_TRUE(trimmed.ok()) << trimmed.status();
     EXPECT_EQ(trimmed->pages_unmapped, kPages);
     EXPECT_EQ(st.steps, 4);
+    EXPECT_EQ(st.allocated, std::vector<int64_t>(4, 0));
+    st.allocated.clear();
     for (const std::string& e : st.errors) ADD_FAILURE() << e;
     st.errors.clear();
     // A caller between the steps may have mapped FREE pages for its own
