@@ -345,8 +345,11 @@ class PagePool {
   int64_t ShownReservedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return ledger_.reserved().value() - unshown_.reserved;
   }
+  // Whether page p was committed by a call whose commit is not shown yet
+  // (unshown_): it is shown MAPPING, with nothing on it.
+  bool UnshownLocked(PageId p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Block b's owner as Capacity shows it: none on a page whose commit is
-  // not shown yet (unshown_), else the ledger's.
+  // not shown yet, else the ledger's.
   BlockOwner ShownOwnerLocked(BlockId b) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes CountersLocked(); runs before every release of mu_.

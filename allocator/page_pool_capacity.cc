@@ -115,6 +115,14 @@ PagePool::CommitCounts& PagePool::CommitCounts::operator-=(
   return *this;
 }
 
+bool PagePool::UnshownLocked(PageId p) const {
+  for (const Committing& c : committing_) {
+    const auto end = c.fresh->begin() + c.committed;
+    if (std::find(c.fresh->begin(), end, p) != end) return true;
+  }
+  return false;
+}
+
 PagePool::CommitCounts PagePool::CommitCountsLocked() const {
   CommitCounts k;
   k.mapped_supply = ledger_.mapped_supply().value();
@@ -555,6 +563,11 @@ absl::StatusOr<std::vector<PageOccupancy>> PagePool::GetPageOccupancy(
     PageOccupancy o;
     o.page_id = p;
     o.usable_blocks = BlockCount(page.usable);
+    if (!committing_.empty() && UnshownLocked(p)) {
+      o.state = PageState::kMapping;  // as Capacity shows it
+      out.push_back(o);
+      continue;
+    }
     o.allocated_blocks = BlockCount(page.allocated);
     o.reserved_blocks = BlockCount(page.reserved);
     o.state = page.state;

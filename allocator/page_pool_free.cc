@@ -191,14 +191,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
 }
 
 BlockOwner PagePool::ShownOwnerLocked(BlockId b) const {
-  if (!committing_.empty()) {
-    const PageId p = geometry_.page_of(b);
-    for (const Committing& c : committing_) {
-      if (std::find(c.fresh->begin(), c.fresh->begin() + c.committed, p) !=
-          c.fresh->begin() + c.committed) {
-        return BlockOwner::kNone;  // shown as MAPPING still
-      }
-    }
+  if (!committing_.empty() && UnshownLocked(geometry_.page_of(b))) {
+    return BlockOwner::kNone;  // shown as MAPPING still
   }
   return ledger_.owner(b);
 }

@@ -245,6 +245,7 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
   std::vector<CapacitySnapshot> seen;
   std::vector<CapacitySnapshot> listed;
   std::vector<absl::Status> frees;
+  std::vector<PageOccupancy> occupied;
   auto made = SteppedPool(64, 16, [&] {  // 16 pages
     auto k = self->Capacity({});
     ASSERT_TRUE(k.ok()) << k.status();
@@ -255,6 +256,9 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
     ASSERT_TRUE(l.ok()) << l.status();
     listed.push_back(*l);
     frees.push_back(self->Free({{0}, ""}).status());
+    auto occupancy = self->GetPageOccupancy({0});
+    ASSERT_TRUE(occupancy.ok()) << occupancy.status();
+    occupied.push_back((*occupancy)[0]);
     EXPECT_TRUE(self->CheckInvariants().ok()) << self->CheckInvariants();
   });
   ASSERT_NE(made, nullptr);
@@ -278,6 +282,8 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
       EXPECT_EQ(listed[i].pages[p].allocated_blocks.value(), 0);
     }
     EXPECT_EQ(listed[i].pages[3].state, PageState::kFree);
+    EXPECT_EQ(occupied[i].state, PageState::kMapping);
+    EXPECT_EQ(occupied[i].allocated_blocks.value(), 0);
     EXPECT_EQ(GetReason(frees[i]), FailureReason::kBlockNotAllocated)
         << frees[i];
   }
@@ -289,6 +295,7 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
   seen.clear();
   listed.clear();
   frees.clear();
+  occupied.clear();
   ASSERT_TRUE(pool.Free({{1, 4, 8}, ""}).ok());
   ASSERT_EQ(seen.size(), 3u);
   for (size_t i = 0; i < seen.size(); ++i) {
