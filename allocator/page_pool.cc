@@ -811,10 +811,7 @@ absl::Status PagePool::CheckInvariantsLocked() const {
   if (calls_in_flight_ == 0 && freeing_blocks_ > 0) {
     return fail(freeing_blocks_, " blocks being freed with no call in flight");
   }
-  if (calls_in_flight_ == 0 &&
-      (!committing_.empty() || unshown_.allocated != 0 ||
-       unshown_.reserved != 0 || unshown_.mapped_supply != 0 ||
-       unshown_.pages_by_state[static_cast<int>(PageState::kMapping)] != 0)) {
+  if (calls_in_flight_ == 0 && (!committing_.empty() || !unshown_.zero())) {
     return fail(committing_.size(),
                 " commit(s) not shown with no call in flight");
   }

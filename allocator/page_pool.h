@@ -336,6 +336,7 @@ class PagePool {
     int64_t pages_by_state[kPageStates] = {};
     CommitCounts& operator+=(const CommitCounts& o);
     CommitCounts& operator-=(const CommitCounts& o);
+    bool zero() const;
   };
   CommitCounts CommitCountsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks as Capacity shows them (the ledger's, less unshown_).

@@ -123,6 +123,13 @@ bool PagePool::UnshownLocked(PageId p) const {
   return false;
 }
 
+bool PagePool::CommitCounts::zero() const {
+  return mapped_supply == 0 && reserved == 0 && allocated == 0 &&
+         admitted_usable == 0 && mapped_pages == 0 &&
+         std::all_of(std::begin(pages_by_state), std::end(pages_by_state),
+                     [](int64_t n) { return n == 0; });
+}
+
 PagePool::CommitCounts PagePool::CommitCountsLocked() const {
   CommitCounts k;
   k.mapped_supply = ledger_.mapped_supply().value();

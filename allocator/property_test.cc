@@ -300,8 +300,8 @@ class PropertyRun {
     PoolOptions po;
     po.min_idle_pages = g_.min_idle;
     po.max_idle_pages = g_.max_idle;
-    // One case in six walks in steps of one page; the others in eights (the
-    // pool's default), so that the invariant checks between steps, which
+    // One case in six walks in steps of one page (the pool's default); the
+    // others in eights, so that the invariant checks between steps, which
     // cost O(blocks) each, keep the test's time bounded.
     po.step_pages = StepPages();
     po.between_steps = [this] { BetweenSteps(); };

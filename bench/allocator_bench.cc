@@ -15,12 +15,14 @@
 //                                in steps of 1 or 8 pages; the counter
 //                                last_step_ns is the time from the last
 //                                pause between steps to the return: the
-//                                step that gives the blocks back, the
-//                                longest lock hold of the call.
+//                                step that gives the blocks back (the
+//                                longest lock hold of the call) and the
+//                                call's end.
 //   BM_WideTrim                  Trim of those 64 pages (IDLE), in steps of
 //                                one; last_step_ns is the time from the
 //                                last driver call (a Release) to the
-//                                return: the step that lands the pages.
+//                                return: the step that lands the pages
+//                                and the call's end.
 //
 // Report ratios against the baselines (bench/RESULTS.md).
 

@@ -1,4 +1,4 @@
-// Every row of shared/spec/scenarios.md, driven over gRPC: a daemon serving
+// Every row of the product's acceptance scenarios, driven over gRPC: a daemon serving
 // on 127.0.0.1:0 and on a Unix socket, each test run once per transport over
 // a real channel. Refusals are checked as they arrive on the wire (the code,
 // google.rpc.Status with ErrorInfo{domain "kvbroker", reason, metadata}) and
