@@ -259,9 +259,9 @@ void PageLedger::TakeMapped(BlockCount n, BlockOwner owner,
   ABSL_ASSERT(need == 0);
 }
 
-std::vector<PageId> PageLedger::UntakeMapped(
-    absl::Span<const BlockId> ascending, absl::Span<const PageId> from_idle) {
-  std::vector<PageId> emptied = ReturnBlocks(ascending);
+PageIds PageLedger::UntakeMapped(absl::Span<const BlockId> ascending,
+                                 absl::Span<const PageId> from_idle) {
+  PageIds emptied = ReturnBlocks(ascending);
   // Pages drawn from IDLE held only this call's blocks: they are emptied
   // again and go back to the front, the first one drawn first.
   for (auto it = from_idle.rbegin(); it != from_idle.rend(); ++it) {
@@ -342,12 +342,11 @@ BlockCount PageLedger::CommitMap(PageId p, BlockCount n, BlockOwner owner,
 // ---------------------------------------------------------------------------
 // Returning blocks and unmapping in flight
 
-std::vector<PageId> PageLedger::ReturnBlocks(
-    absl::Span<const BlockId> ascending) {
+PageIds PageLedger::ReturnBlocks(absl::Span<const BlockId> ascending) {
   ABSL_ASSERT(std::adjacent_find(ascending.begin(), ascending.end(),
                                  std::greater_equal<BlockId>()) ==
               ascending.end());
-  std::vector<PageId> touched;
+  PageIds touched;
   for (size_t i = 0; i < ascending.size();) {
     const PageId p = geometry_->page_of(ascending[i]);
     Page& page = pages_[p];
@@ -403,7 +402,7 @@ std::vector<PageId> PageLedger::ReturnBlocks(
     reserved_ -= reserved;
     allocated_ -= allocated;
   }
-  std::vector<PageId> emptied;
+  PageIds emptied;
   for (PageId p : touched) {
     if (pages_[p].allocated + pages_[p].reserved == 0) {
       emptied.push_back(p);  // detached; KeepIdle or BeginUnmap files it

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "absl/container/btree_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
 #include "allocator/free_list.h"
 #include "allocator/geometry.h"
@@ -74,6 +75,9 @@ enum class Landing : uint8_t {
   kReclaimedFront,  // the front of the RECLAIMED list (lowering a limit)
   kReclaimedBack,   // the back of the RECLAIMED list (emptied over a limit)
 };
+
+// Pages one call touched: usually one or two, so kept off the heap.
+using PageIds = absl::InlinedVector<PageId, 4>;
 
 class PageLedger {
  public:
@@ -167,8 +171,8 @@ class PageLedger {
   // IDLE list in order; exact when nothing else touched those pages. A page
   // that other calls emptied meanwhile is returned detached, as ReturnBlocks
   // returns one, for the caller to file.
-  std::vector<PageId> UntakeMapped(absl::Span<const BlockId> ascending,
-                                   absl::Span<const PageId> from_idle);
+  PageIds UntakeMapped(absl::Span<const BlockId> ascending,
+                       absl::Span<const PageId> from_idle);
   // Moves allocated blocks to reserved or back. REQUIRES: every block is
   // owned by the other one of the two.
   void Reassign(absl::Span<const BlockId> ids, BlockOwner to);
@@ -195,7 +199,7 @@ class PageLedger {
   // Pages left with no allocated or reserved block are returned in order,
   // detached from every list: the caller passes each to KeepIdle or
   // BeginUnmap before anything else reads the ledger.
-  std::vector<PageId> ReturnBlocks(absl::Span<const BlockId> ascending);
+  PageIds ReturnBlocks(absl::Span<const BlockId> ascending);
   // A page returned by ReturnBlocks joins the back of the IDLE list.
   void KeepIdle(PageId p);
   // A page returned by ReturnBlocks, or at the front or back of the IDLE

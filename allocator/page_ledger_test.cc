@@ -282,7 +282,7 @@ class LedgerWalk {
       ids = model_->reservations().begin()->second;
     }
     std::sort(ids.begin(), ids.end());
-    std::vector<PageId> emptied = ledger_.ReturnBlocks(ids);
+    PageIds emptied = ledger_.ReturnBlocks(ids);
     for (PageId p : emptied) {
       if (ledger_.idle_pages_listed().value() < max_idle_) {
         ledger_.KeepIdle(p);
