@@ -116,6 +116,7 @@ class AttachServer::Session {
       : server_(server),
         id_(id),
         channel_(std::move(socket)),
+        frames_(FrameArenaOptions(frame_block_, sizeof(frame_block_))),
         outbox_(&channel_) {
     SetReceiveTimeout(kIdleTick);
   }
@@ -149,16 +150,22 @@ class AttachServer::Session {
   // Finished has freed or parked the holder's blocks; `outcome` says which.
   void ConfirmEnd(const std::string& outcome);
   // Answers one frame; false when the session ends.
-  bool Handle(ReceivedFrame received);
-  void Reply(uint64_t seq, absl::StatusOr<v1::Frame> reply);
-  absl::StatusOr<v1::Frame> OnHello(const v1::Hello& hello);
-  absl::StatusOr<v1::Frame> OnAttach(const v1::AttachRequest& request);
-  absl::StatusOr<v1::Frame> OnAlloc(const kv1::AllocRequest& request);
-  absl::StatusOr<v1::Frame> OnFree(const kv1::FreeRequest& request);
-  absl::StatusOr<v1::Frame> OnReserve(const kv1::ReserveRequest& request);
-  absl::StatusOr<v1::Frame> OnRelease(
-      const kv1::ReleaseReservationRequest& request);
-  absl::StatusOr<v1::Frame> OnCapacity(const kv1::CapacityRequest& request);
+  bool Handle(const v1::Frame& f);
+  // Sends `out` with `seq` as the reply, or an Error of `status` instead
+  // when it is not OK.
+  void Reply(uint64_t seq, const absl::Status& status, v1::Frame* out);
+  // A reply that is an Error.
+  void Reply(uint64_t seq, const absl::Status& failure);
+  // The handlers write their reply into `out` (a frame of frames_); a
+  // refusal returned leaves `out` to be replaced by its Error.
+  absl::Status OnHello(const v1::Hello& hello, v1::Frame* out);
+  absl::Status OnAttach(const v1::AttachRequest& request, v1::Frame* out);
+  absl::Status OnAlloc(const kv1::AllocRequest& request, v1::Frame* out);
+  absl::Status OnFree(const kv1::FreeRequest& request, v1::Frame* out);
+  absl::Status OnReserve(const kv1::ReserveRequest& request, v1::Frame* out);
+  absl::Status OnRelease(const kv1::ReleaseReservationRequest& request,
+                         v1::Frame* out);
+  absl::Status OnCapacity(const kv1::CapacityRequest& request, v1::Frame* out);
   // Page delivery (attach/outbox.h): registers the outbox with the pool and
   // queues the snapshot; returns how many pages it names.
   absl::StatusOr<int64_t> SubscribeToPages(const std::vector<int>& devices);
@@ -176,8 +183,9 @@ class AttachServer::Session {
   void OnRevokeAck(uint64_t seq, const v1::RevokeAck& ack);
   // Refuses a pool operation before Attach or naming another pool.
   absl::Status CheckPool(absl::string_view pool) const;
-  // Allocates through the pool and records the blocks as the holder's.
-  absl::StatusOr<kv1::AllocResponse> AllocForHolder(AllocRequest alloc);
+  // Allocates through the pool into `response` and records the blocks as
+  // the holder's.
+  absl::Status AllocForHolder(AllocRequest alloc, kv1::AllocResponse* response);
   // Takes `ids` out of the holder's set if it owns each exactly once;
   // otherwise changes nothing and refuses (INVALID_ARGUMENT for a repeat,
   // BLOCK_NOT_ALLOCATED for one it does not own).
@@ -187,16 +195,29 @@ class AttachServer::Session {
   // pool's replay.
   static void RememberFree(Holder& h, const std::string& request_id);
 
+  // A frame of frames_, valid until the next request is received.
+  v1::Frame* NewFrame() {
+    return google::protobuf::Arena::CreateMessage<v1::Frame>(&frames_);
+  }
+
   AttachServer* const server_;
   const uint64_t id_;
   FrameChannel channel_;
   std::thread thread_;
+  // The request being answered and its reply (frame.h, kFrameArenaBytes);
+  // reset before each receive. Touched only by the session's thread.
+  alignas(std::max_align_t) char frame_block_[kFrameArenaBytes];
+  google::protobuf::Arena frames_;
 
   // Session state, touched only by the session's thread (holder_, pid_,
   // grace_ and pool_name_ are also read by Sessions(), after being written
   // under the server's lock).
   bool greeted_ = false;
   std::string holder_;
+  // The holder's entry in server_->holders_, set by Hello; stays while
+  // this session is its live session (only Finished, on this thread,
+  // erases it then). Used under the server's lock.
+  Holder* holder_entry_ = nullptr;
   int64_t pid_ = 0;
   absl::Duration grace_;
   const AccessPolicy::Grant* grant_ = nullptr;
@@ -237,12 +258,19 @@ void AttachServer::Session::Run() {
     // reading side, and the receive timeout bounds how long a frame that
     // could not be sent at once, or a closing pool, waits for this thread.
     if (!FlushOutbox()) break;
+    // The frames of the last request and its reply are gone (sent or
+    // dropped): their memory is taken again, without the heap.
+    frames_.Reset();
+    v1::Frame* const request = NewFrame();
+    // Only PagesMapped carries fds, and the daemon sends it: any that come
+    // are closed at the end of this turn.
+    std::vector<UniqueFd> fds;
     outbox_.BeginWait();
-    absl::StatusOr<ReceivedFrame> got = channel_.Receive();
+    absl::Status got = channel_.ReceiveInto(request, &fds);
     outbox_.EndWait();
     if (!got.ok()) {
-      if (absl::IsDeadlineExceeded(got.status())) continue;
-      if (ProtocolErrorOf(got.status()) == v1::PROTOCOL_ERROR_UNSPECIFIED) {
+      if (absl::IsDeadlineExceeded(got)) continue;
+      if (ProtocolErrorOf(got) == v1::PROTOCOL_ERROR_UNSPECIFIED) {
         if (server_->stopping()) {
           v1::Frame end;
           end.mutable_session_end()->set_message("kvbrokerd is stopping");
@@ -251,10 +279,10 @@ void AttachServer::Session::Run() {
         }
         break;  // peer closed, the daemon stops, or the socket failed
       }
-      Reply(0, got.status());
+      Reply(0, got);
       continue;
     }
-    if (!Handle(*std::move(got))) break;
+    if (!Handle(*request)) break;
   }
   UnsubscribeFromPages();
   ConfirmEnd(server_->Finished(this));
@@ -275,28 +303,29 @@ void AttachServer::Session::ConfirmEnd(const std::string& outcome) {
   outbox_.Send(end).IgnoreError();
 }
 
-void AttachServer::Session::Reply(uint64_t seq,
-                                  absl::StatusOr<v1::Frame> reply) {
-  v1::Frame out;
-  if (reply.ok()) {
-    out = *std::move(reply);
-  } else {
-    *out.mutable_error() = ToError(reply.status());
+void AttachServer::Session::Reply(uint64_t seq, const absl::Status& status,
+                                  v1::Frame* out) {
+  if (!status.ok()) {
+    out->Clear();
+    *out->mutable_error() = ToError(status);
   }
-  out.set_seq(seq);
+  out->set_seq(seq);
   // An attach's reply precedes its snapshot; every other reply follows
   // what was queued before it (outbox.h). A gone peer ends the loop on
   // receive.
-  if (out.has_attach_reply()) {
-    outbox_.Send(out).IgnoreError();
+  if (out->has_attach_reply()) {
+    outbox_.Send(*out).IgnoreError();
     FlushOutbox();
   } else if (CheckOutbox()) {
-    outbox_.SendAfterQueued(out).IgnoreError();
+    outbox_.SendAfterQueued(*out).IgnoreError();
   }
 }
 
-bool AttachServer::Session::Handle(ReceivedFrame received) {
-  const v1::Frame& f = received.frame;
+void AttachServer::Session::Reply(uint64_t seq, const absl::Status& failure) {
+  Reply(seq, failure, NewFrame());
+}
+
+bool AttachServer::Session::Handle(const v1::Frame& f) {
   const uint64_t seq = f.seq();
   seq_ = seq;
   if (!greeted_ && !f.has_hello()) {
@@ -304,17 +333,26 @@ bool AttachServer::Session::Handle(ReceivedFrame received) {
                                "the first message must be Hello"));
     return true;
   }
+  v1::Frame* const out = NewFrame();
   switch (f.body_case()) {
-    case v1::Frame::kHello: Reply(seq, OnHello(f.hello())); return true;
-    case v1::Frame::kAttach: Reply(seq, OnAttach(f.attach())); return true;
-    case v1::Frame::kAlloc: Reply(seq, OnAlloc(f.alloc())); return true;
-    case v1::Frame::kFree: Reply(seq, OnFree(f.free())); return true;
-    case v1::Frame::kReserve: Reply(seq, OnReserve(f.reserve())); return true;
+    case v1::Frame::kHello:
+      Reply(seq, OnHello(f.hello(), out), out);
+      return true;
+    case v1::Frame::kAttach:
+      Reply(seq, OnAttach(f.attach(), out), out);
+      return true;
+    case v1::Frame::kAlloc:
+      Reply(seq, OnAlloc(f.alloc(), out), out);
+      return true;
+    case v1::Frame::kFree: Reply(seq, OnFree(f.free(), out), out); return true;
+    case v1::Frame::kReserve:
+      Reply(seq, OnReserve(f.reserve(), out), out);
+      return true;
     case v1::Frame::kReleaseReservation:
-      Reply(seq, OnRelease(f.release_reservation()));
+      Reply(seq, OnRelease(f.release_reservation(), out), out);
       return true;
     case v1::Frame::kCapacity:
-      Reply(seq, OnCapacity(f.capacity()));
+      Reply(seq, OnCapacity(f.capacity(), out), out);
       return true;
     case v1::Frame::kRevokeAck: OnRevokeAck(seq, f.revoke_ack()); return true;
     case v1::Frame::kSessionEnd:
@@ -330,8 +368,8 @@ bool AttachServer::Session::Handle(ReceivedFrame received) {
   }
 }
 
-absl::StatusOr<v1::Frame> AttachServer::Session::OnHello(
-    const v1::Hello& hello) {
+absl::Status AttachServer::Session::OnHello(const v1::Hello& hello,
+                                            v1::Frame* out) {
   if (greeted_) {
     return ProtocolFailure(v1::UNEXPECTED_MESSAGE, "Hello was already said");
   }
@@ -377,26 +415,27 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnHello(
       it->second.session = this;
       reattached = true;
     } else {
-      server_->holders_[hello.holder()].session = this;
+      it = server_->holders_.emplace(hello.holder(), Holder()).first;
+      it->second.session = this;
     }
+    holder_entry_ = &it->second;
     holder_ = hello.holder();
     pid_ = hello.pid();
     attached_since_ = absl::Now();
     grace_ = grace;
   }
   greeted_ = true;
-  v1::Frame out;
-  v1::HelloReply* r = out.mutable_hello_reply();
+  v1::HelloReply* r = out->mutable_hello_reply();
   r->set_protocol_version(kProtocolVersion);
   r->set_session_id(id_);
   r->set_reattached(reattached);
   r->set_max_frame_bytes(kMaxFrameBytes);
   r->set_max_fds_per_frame(kMaxFdsPerFrame);
-  return out;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<v1::Frame> AttachServer::Session::OnAttach(
-    const v1::AttachRequest& request) {
+absl::Status AttachServer::Session::OnAttach(const v1::AttachRequest& request,
+                                             v1::Frame* out) {
   if (pool_ != nullptr) {
     return ProtocolFailure(v1::UNEXPECTED_MESSAGE,
                            absl::StrCat("already attached to ", pool_name_));
@@ -446,11 +485,10 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnAttach(
     }
   }
 
-  v1::Frame out;
-  v1::AttachReply* reply = out.mutable_attach_reply();
+  v1::AttachReply* reply = out->mutable_attach_reply();
   {
     absl::MutexLock lock(&server_->mu_);
-    Holder& h = server_->holders_[holder_];
+    Holder& h = *holder_entry_;
     if (h.pool != nullptr && h.pool != *pool) {
       // A reattach to another pool: what the holder kept elsewhere goes.
       FreeAll(holder_, h);
@@ -473,14 +511,14 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnAttach(
     alloc.num_blocks = request.reservation_blocks();
     alloc.reservation_id = request.reservation_id();
     alloc.request_id = HolderRequestId(holder_, request.request_id());
-    absl::StatusOr<kv1::AllocResponse> redeemed = AllocForHolder(alloc);
+    absl::Status redeemed =
+        AllocForHolder(std::move(alloc), reply->mutable_redeemed());
     if (!redeemed.ok()) {
       absl::MutexLock lock(&server_->mu_);
       pool_ = nullptr;
       pool_name_.clear();
-      return redeemed.status();
+      return redeemed;
     }
-    *reply->mutable_redeemed() = *std::move(redeemed);
   }
 
   v1::PoolLayout* layout = reply->mutable_layout();
@@ -513,7 +551,7 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnAttach(
     return mapped.status();
   }
   reply->set_mapped_pages(*mapped);
-  return out;
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------
@@ -597,21 +635,19 @@ absl::Status AttachServer::Session::CheckPool(absl::string_view pool) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<kv1::AllocResponse> AttachServer::Session::AllocForHolder(
-    AllocRequest alloc) {
+absl::Status AttachServer::Session::AllocForHolder(
+    AllocRequest alloc, kv1::AllocResponse* response) {
   alloc.holder = holder_;
   absl::StatusOr<AllocResult> result = pool_->Alloc(alloc);
   if (!result.ok()) return result.status();
-  kv1::AllocResponse response;
-  ToProto(*result, &response);
+  ToProto(*result, response);
   if (!result->replayed) {
     absl::MutexLock lock(&server_->mu_);
-    Holder& h = server_->holders_[holder_];
     for (const PageBlocks& p : result->pages) {
-      h.blocks.insert(p.block_ids.begin(), p.block_ids.end());
+      holder_entry_->blocks.insert(p.block_ids.begin(), p.block_ids.end());
     }
   }
-  return response;
+  return absl::OkStatus();
 }
 
 absl::Status AttachServer::Session::TakeOwned(Holder& h,
@@ -649,8 +685,8 @@ void AttachServer::Session::RememberFree(Holder& h,
   }
 }
 
-absl::StatusOr<v1::Frame> AttachServer::Session::OnAlloc(
-    const kv1::AllocRequest& request) {
+absl::Status AttachServer::Session::OnAlloc(const kv1::AllocRequest& request,
+                                            v1::Frame* out) {
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   if (request.num_blocks() < 0 || request.num_blocks() > kMaxSessionBlocks) {
     return InvalidField(
@@ -665,15 +701,11 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnAlloc(
   if (request.has_expected_generation()) {
     alloc.expected_generation = request.expected_generation();
   }
-  absl::StatusOr<kv1::AllocResponse> response = AllocForHolder(alloc);
-  if (!response.ok()) return response.status();
-  v1::Frame out;
-  *out.mutable_alloc_reply() = *std::move(response);
-  return out;
+  return AllocForHolder(std::move(alloc), out->mutable_alloc_reply());
 }
 
-absl::StatusOr<v1::Frame> AttachServer::Session::OnFree(
-    const kv1::FreeRequest& request) {
+absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
+                                           v1::Frame* out) {
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   if (request.block_ids_size() > kMaxSessionBlocks) {
     return InvalidField("block_ids",
@@ -688,7 +720,7 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnFree(
   bool taken = false;
   {
     absl::MutexLock lock(&server_->mu_);
-    Holder& h = server_->holders_[holder_];
+    Holder& h = *holder_entry_;
     const bool retry =
         !request_id.empty() && h.free_request_set.contains(request_id);
     if (!retry) {
@@ -700,9 +732,12 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnFree(
   free.block_ids = ids;
   free.request_id = request_id;
   absl::StatusOr<FreeResult> result = pool_->Free(free);
-  {
+  // The usual Free (ids taken, freed, no request id) has nothing to settle.
+  const bool settled =
+      taken && result.ok() && !result->replayed && request_id.empty();
+  if (!settled) {
     absl::MutexLock lock(&server_->mu_);
-    Holder& h = server_->holders_[holder_];
+    Holder& h = *holder_entry_;
     if (!result.ok() || result->replayed) {
       if (taken) h.blocks.insert(ids.begin(), ids.end());
     } else {
@@ -713,13 +748,12 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnFree(
     }
   }
   if (!result.ok()) return result.status();
-  v1::Frame out;
-  ToProto(*result, out.mutable_free_reply());
-  return out;
+  ToProto(*result, out->mutable_free_reply());
+  return absl::OkStatus();
 }
 
-absl::StatusOr<v1::Frame> AttachServer::Session::OnReserve(
-    const kv1::ReserveRequest& request) {
+absl::Status AttachServer::Session::OnReserve(
+    const kv1::ReserveRequest& request, v1::Frame* out) {
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   if (request.num_blocks() > kMaxSessionBlocks) {
     return InvalidField("num_blocks",
@@ -730,25 +764,23 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnReserve(
   reserve.request_id = HolderRequestId(holder_, request.request_id());
   absl::StatusOr<ReservationInfo> result = pool_->Reserve(reserve);
   if (!result.ok()) return result.status();
-  v1::Frame out;
-  ToProto(*result, out.mutable_reserve_reply());
-  return out;
+  ToProto(*result, out->mutable_reserve_reply());
+  return absl::OkStatus();
 }
 
-absl::StatusOr<v1::Frame> AttachServer::Session::OnRelease(
-    const kv1::ReleaseReservationRequest& request) {
+absl::Status AttachServer::Session::OnRelease(
+    const kv1::ReleaseReservationRequest& request, v1::Frame* out) {
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   KVB_RETURN_IF_ERROR(CheckId("reservation_id", request.reservation_id()));
   absl::StatusOr<ReleaseResult> result =
       pool_->ReleaseReservation(request.reservation_id());
   if (!result.ok()) return result.status();
-  v1::Frame out;
-  ToProto(*result, out.mutable_release_reservation_reply());
-  return out;
+  ToProto(*result, out->mutable_release_reservation_reply());
+  return absl::OkStatus();
 }
 
-absl::StatusOr<v1::Frame> AttachServer::Session::OnCapacity(
-    const kv1::CapacityRequest& request) {
+absl::Status AttachServer::Session::OnCapacity(
+    const kv1::CapacityRequest& request, v1::Frame* out) {
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   if (request.max_pages() < 0 || request.max_pages() > kMaxSessionPageList) {
     return InvalidField(
@@ -757,9 +789,8 @@ absl::StatusOr<v1::Frame> AttachServer::Session::OnCapacity(
   absl::StatusOr<CapacitySnapshot> capacity =
       pool_->Capacity(CapacityQuery{request.max_pages()});
   if (!capacity.ok()) return capacity.status();
-  v1::Frame out;
-  ToProto(*capacity, out.mutable_capacity_reply()->mutable_capacity());
-  return out;
+  ToProto(*capacity, out->mutable_capacity_reply()->mutable_capacity());
+  return absl::OkStatus();
 }
 
 AttachServer::AttachServer(Broker* broker, AttachServerOptions options,

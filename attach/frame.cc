@@ -128,6 +128,13 @@ absl::StatusOr<FrameChannel> FrameChannel::Connect(absl::string_view path) {
   return FrameChannel(std::move(fd));
 }
 
+google::protobuf::ArenaOptions FrameArenaOptions(char* block, size_t size) {
+  google::protobuf::ArenaOptions options;
+  options.initial_block = block;
+  options.initial_block_size = size;
+  return options;
+}
+
 absl::Status FrameChannel::Send(const v1::Frame& frame,
                                 absl::Span<const int> fds) {
   return SendWithFlags(frame, fds, MSG_NOSIGNAL);
@@ -139,8 +146,7 @@ absl::Status FrameChannel::TrySend(const v1::Frame& frame,
 }
 
 absl::Status FrameChannel::SendWithFlags(const v1::Frame& frame,
-                                         absl::Span<const int> fds,
-                                         int flags) {
+                                         absl::Span<const int> fds, int flags) {
   const size_t body = frame.ByteSizeLong();
   if (body > kMaxFrameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -187,6 +193,15 @@ absl::Status FrameChannel::SendWithFlags(const v1::Frame& frame,
 }
 
 absl::StatusOr<ReceivedFrame> FrameChannel::Receive() {
+  ReceivedFrame out;
+  absl::Status s = ReceiveInto(&out.frame, &out.fds);
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status FrameChannel::ReceiveInto(v1::Frame* frame,
+                                       std::vector<UniqueFd>* fds) {
+  fds->clear();
   buffer_.resize(kHeaderBytes + kMaxFrameBytes + 1);
   iovec iov = {buffer_.data(), buffer_.size()};
   msghdr msg = {};
@@ -206,8 +221,8 @@ absl::StatusOr<ReceivedFrame> FrameChannel::Receive() {
   }
   if (n < 0) return Errno("recvmsg", errno);
 
-  ReceivedFrame out;
   // Take ownership of every fd first, so that each return below closes them.
+  std::vector<UniqueFd> got;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
        c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -216,10 +231,10 @@ absl::StatusOr<ReceivedFrame> FrameChannel::Receive() {
     for (size_t i = 0; i < count; ++i) {
       int fd;
       memcpy(&fd, data + i * sizeof(int), sizeof(int));
-      out.fds.emplace_back(fd);
+      got.emplace_back(fd);
     }
   }
-  if (n == 0 && out.fds.empty() && (msg.msg_flags & MSG_CTRUNC) == 0) {
+  if (n == 0 && got.empty() && (msg.msg_flags & MSG_CTRUNC) == 0) {
     // End of stream and an empty packet both read as 0 bytes; only the
     // former leaves the socket hung up.
     pollfd p = {socket_.get(), POLLRDHUP, 0};
@@ -268,21 +283,22 @@ absl::StatusOr<ReceivedFrame> FrameChannel::Receive() {
         absl::StrCat("packet holds ", length - kHeaderBytes - stated,
                      " bytes past the stated ", stated));
   }
-  if (!out.frame.ParseFromArray(buffer_.data() + kHeaderBytes,
-                                static_cast<int>(stated))) {
+  if (!frame->ParseFromArray(buffer_.data() + kHeaderBytes,
+                             static_cast<int>(stated))) {
     return ProtocolFailure(v1::MALFORMED_FRAME, "frame body does not parse");
   }
-  if (out.frame.body_case() == v1::Frame::BODY_NOT_SET) {
+  if (frame->body_case() == v1::Frame::BODY_NOT_SET) {
     return ProtocolFailure(v1::UNKNOWN_MESSAGE,
                            "frame holds no message this version knows");
   }
-  if (!out.fds.empty() && !CarriesFds(out.frame)) {
+  if (!got.empty() && !CarriesFds(*frame)) {
     return ProtocolFailure(
         v1::UNEXPECTED_FDS,
-        absl::StrCat(out.fds.size(), " fds came with a message that carries ",
+        absl::StrCat(got.size(), " fds came with a message that carries ",
                      "none; they were closed"));
   }
-  return out;
+  *fds = std::move(got);
+  return absl::OkStatus();
 }
 
 }  // namespace kvbroker::attach

@@ -46,7 +46,6 @@ std::string Header(uint32_t length) {
   return h;
 }
 
-
 std::string Serialized(const v1::Frame& frame) {
   std::string body = frame.SerializeAsString();
   return Header(static_cast<uint32_t>(body.size())) + body;
@@ -95,6 +94,44 @@ TEST_F(FrameTest, RoundTripWithoutFds) {
   EXPECT_EQ(got->frame.seq(), 7u);
   EXPECT_EQ(got->frame.hello().pid(), 1234);
   EXPECT_TRUE(got->fds.empty());
+}
+
+// The largest session exchanges, Free(256) and Alloc(256) (its ids on 4
+// pages): each end resets its frame arena per exchange and holds one frame
+// received and one built there. Each fits the arena's first block, so an
+// exchange takes no heap memory for its frames.
+TEST_F(FrameTest, TheLargestExchangesFitTheFrameArenasFirstBlock) {
+  alignas(std::max_align_t) char block[kFrameArenaBytes];
+  google::protobuf::Arena arena(FrameArenaOptions(block, sizeof(block)));
+  v1::Frame alloc_reply;
+  for (int page = 0; page < 4; ++page) {
+    kvbroker::v1::PageBlocks* p =
+        alloc_reply.mutable_alloc_reply()->add_pages();
+    p->set_page_id(1000 + page);
+    for (int i = 0; i < 64; ++i) p->add_block_ids(64000 + page * 64 + i);
+  }
+  alloc_reply.mutable_alloc_reply()->set_num_blocks(256);
+  alloc_reply.mutable_alloc_reply()->set_pool_uid(std::string(36, 'u'));
+  v1::Frame free_request;
+  for (int i = 0; i < 256; ++i) {
+    free_request.mutable_free()->add_block_ids(64000 + i);
+  }
+  for (const v1::Frame* sent : {&free_request, &alloc_reply}) {
+    arena.Reset();
+    auto* built = google::protobuf::Arena::CreateMessage<v1::Frame>(&arena);
+    if (sent == &free_request) {
+      built->mutable_free_reply()->set_freed_blocks(256);
+    } else {
+      built->mutable_alloc()->set_num_blocks(256);
+    }
+    ASSERT_TRUE(a_->Send(*sent).ok());
+    auto* got = google::protobuf::Arena::CreateMessage<v1::Frame>(&arena);
+    std::vector<UniqueFd> fds;
+    ASSERT_TRUE(b_->ReceiveInto(got, &fds).ok());
+    EXPECT_EQ(got->SerializeAsString(), sent->SerializeAsString());
+    EXPECT_EQ(arena.SpaceAllocated(), kFrameArenaBytes)
+        << got->body_case() << ": " << arena.SpaceUsed() << " B used";
+  }
 }
 
 TEST_F(FrameTest, PagesMappedCarriesFdsToTheSameFiles) {

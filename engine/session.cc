@@ -23,7 +23,9 @@ using attach::ProtocolFailure;
 using attach::ReceivedFrame;
 
 Session::Session(FrameChannel channel, absl::Duration close_timeout)
-    : channel_(std::move(channel)), close_timeout_(close_timeout) {}
+    : channel_(std::move(channel)),
+      close_timeout_(close_timeout),
+      frames_(attach::FrameArenaOptions(frame_block_, sizeof(frame_block_))) {}
 
 Session::~Session() { Close(/*release=*/false).IgnoreError(); }
 
@@ -34,8 +36,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
   if (!channel.ok()) return channel.status();
   std::unique_ptr<Session> session(
       new Session(std::move(*channel), options.close_timeout));
-  av1::Frame hello;
-  av1::Hello* h = hello.mutable_hello();
+  PlainMutexLock lock(&session->mu_);
+  av1::Frame* hello = session->NewRequest();
+  av1::Hello* h = hello->mutable_hello();
   h->set_protocol_version(attach::kProtocolVersion);
   h->set_token(options.token);
   h->set_holder(options.holder);
@@ -45,66 +48,85 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
   h->mutable_reattach_grace()->set_nanos(
       static_cast<int32_t>(absl::ToInt64Nanoseconds(
           grace - absl::Seconds(absl::ToInt64Seconds(grace)))));
-  PlainMutexLock lock(&session->mu_);
-  absl::StatusOr<av1::Frame> reply = session->Call(std::move(hello));
+  absl::StatusOr<const av1::Frame*> reply = session->Call(hello);
   if (!reply.ok()) return reply.status();
-  if (!reply->has_hello_reply()) {
+  if (!(*reply)->has_hello_reply()) {
     return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
                            "the daemon did not answer Hello with HelloReply");
   }
-  if (reply->hello_reply().protocol_version() != attach::kProtocolVersion) {
+  const av1::HelloReply& r = (*reply)->hello_reply();
+  if (r.protocol_version() != attach::kProtocolVersion) {
     return ProtocolFailure(
         av1::UNSUPPORTED_VERSION,
-        absl::StrCat("the daemon chose protocol version ",
-                     reply->hello_reply().protocol_version(),
+        absl::StrCat("the daemon chose protocol version ", r.protocol_version(),
                      "; this library speaks ", attach::kProtocolVersion));
   }
-  session->hello_ = reply->hello_reply();
+  session->hello_ = r;
   return session;
 }
 
-absl::StatusOr<av1::Frame> Session::Call(av1::Frame request) {
+av1::Frame* Session::NewRequest() {
+  frames_.Reset();
+  return google::protobuf::Arena::CreateMessage<av1::Frame>(&frames_);
+}
+
+absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
   if (closed_) return absl::FailedPreconditionError("session is closed");
   const uint64_t seq = next_seq_++;
-  request.set_seq(seq);
-  if (absl::Status s = channel_.Send(request); !s.ok()) {
+  request->set_seq(seq);
+  if (absl::Status s = channel_.Send(*request); !s.ok()) {
     absl::Status why = ReadAfterHangup();
     return why.ok() ? s : why;
   }
+  // Events read first parse into the same frame, which is then reused.
+  av1::Frame* const got =
+      google::protobuf::Arena::CreateMessage<av1::Frame>(&frames_);
+  std::vector<UniqueFd> fds;
   while (true) {
-    absl::StatusOr<ReceivedFrame> got = channel_.Receive();
-    if (!got.ok()) {
+    if (absl::Status s = channel_.ReceiveInto(got, &fds); !s.ok()) {
       // A bad frame from the daemon is a bug there; the peer going away ends
       // the session.
-      if (absl::IsCancelled(got.status())) closed_ = true;
-      return got.status();
+      if (absl::IsCancelled(s)) closed_ = true;
+      return s;
     }
-    if (got->frame.seq() != seq) {
-      if (absl::Status s = HandleEvent(std::move(*got)); !s.ok()) return s;
+    if (got->seq() != seq) {
+      if (absl::Status s = HandleEvent(*got, std::move(fds)); !s.ok()) return s;
       continue;
     }
-    if (got->frame.has_error()) return attach::FromError(got->frame.error());
-    if (!got->fds.empty()) {
+    if (got->has_error()) return attach::FromError(got->error());
+    if (!fds.empty()) {
       return ProtocolFailure(av1::UNEXPECTED_FDS,
                              "a reply came with fds; they were closed");
     }
-    return std::move(got->frame);
+    return got;
   }
 }
 
-absl::Status Session::HandleEvent(ReceivedFrame received) {
-  av1::Frame& f = received.frame;
+absl::StatusOr<const av1::Frame*> Session::CallAttached(
+    av1::Frame* request, av1::Frame::BodyCase expected, const char* what) {
+  if (absl::Status s = CheckAttached(); !s.ok()) return s;
+  absl::StatusOr<const av1::Frame*> reply = Call(request);
+  if (!reply.ok()) return reply.status();
+  if ((*reply)->body_case() != expected) {
+    return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
+                           absl::StrCat("expected ", what));
+  }
+  return reply;
+}
+
+absl::Status Session::HandleEvent(const av1::Frame& f,
+                                  std::vector<UniqueFd> fds) {
   switch (f.body_case()) {
     case av1::Frame::kPagesMapped:
-      return MapPages(f.pages_mapped(), std::move(received.fds));
+      return MapPages(f.pages_mapped(), std::move(fds));
     case av1::Frame::kRevoke: return Revoke(f.revoke());
     case av1::Frame::kSessionEnd: {
       closed_ = true;
       end_reason_ = f.session_end().reason();
-      const std::string why = absl::StrCat("the daemon ended the session (",
-                                           av1::SessionEndReason_Name(
-                                               f.session_end().reason()),
-                                           "): ", f.session_end().message());
+      const std::string why =
+          absl::StrCat("the daemon ended the session (",
+                       av1::SessionEndReason_Name(f.session_end().reason()),
+                       "): ", f.session_end().message());
       // The pool is gone: the daemon's typed reason, as any call on it
       // would get now.
       if (end_reason_ == av1::POOL_DELETED) {
@@ -132,7 +154,7 @@ absl::Status Session::ReadAfterHangup() {
     if (!got.ok()) return absl::OkStatus();
     // A Revoke is carried out (its acknowledgement cannot be sent); the
     // SessionEnd, read here or by a Revoke's own failed send, ends it.
-    absl::Status s = HandleEvent(*std::move(got));
+    absl::Status s = HandleEvent(got->frame, std::move(got->fds));
     if (closed_) return s;
   }
 }
@@ -233,8 +255,8 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
     return absl::FailedPreconditionError(
         absl::StrCat("already attached to pool ", layout_.pool()));
   }
-  av1::Frame request;
-  av1::AttachRequest* a = request.mutable_attach();
+  av1::Frame* request = NewRequest();
+  av1::AttachRequest* a = request->mutable_attach();
   a->set_pool(options.pool);
   for (int d : options.devices) a->add_devices(d);
   a->set_reservation_id(options.reservation_id);
@@ -242,14 +264,15 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   a->set_request_id(options.request_id);
   AttachStats stats;
   const absl::Time start = absl::Now();
-  absl::StatusOr<av1::Frame> reply = Call(std::move(request));
+  absl::StatusOr<const av1::Frame*> reply = Call(request);
   stats.receive = absl::Now() - start;
   if (!reply.ok()) return reply.status();
-  if (!reply->has_attach_reply()) {
+  if (!(*reply)->has_attach_reply()) {
     return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
                            "the daemon did not answer with AttachReply");
   }
-  const av1::AttachReply& r = reply->attach_reply();
+  // On frames_, which the page frames below do not reset.
+  const av1::AttachReply& r = (*reply)->attach_reply();
   const av1::PoolLayout& layout = r.layout();
   std::vector<std::unique_ptr<DeviceMapper>> mappers;
   absl::Time t0 = absl::Now();
@@ -277,7 +300,10 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
       received += got->frame.pages_mapped().page_ids_size();
       ++stats.frames;
     }
-    if (absl::Status s = HandleEvent(std::move(*got)); !s.ok()) return s;
+    if (absl::Status s = HandleEvent(got->frame, std::move(got->fds));
+        !s.ok()) {
+      return s;
+    }
   }
   stats.total = absl::Now() - start;
   stats.pages = mapped_count_;
@@ -348,28 +374,29 @@ AttachStats Session::attach_stats() const {
 
 absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
   PlainMutexLock lock(&mu_);
-  if (absl::Status s = CheckAttached(); !s.ok()) return s;
-  av1::Frame f;
-  *f.mutable_alloc() = std::move(request);
-  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  av1::Frame* f = NewRequest();
+  *f->mutable_alloc() = std::move(request);
+  absl::StatusOr<const av1::Frame*> reply =
+      CallAttached(f, av1::Frame::kAllocReply, "an Alloc reply");
   if (!reply.ok()) return reply.status();
-  if (!reply->has_alloc_reply()) {
-    return ProtocolFailure(av1::UNEXPECTED_MESSAGE, "expected an Alloc reply");
-  }
-  return std::move(*reply->mutable_alloc_reply());
+  return (*reply)->alloc_reply();
 }
 
 absl::StatusOr<std::vector<int64_t>> Session::Alloc(
     int64_t num_blocks, const std::string& request_id) {
-  kv1::AllocRequest request;
-  request.set_num_blocks(num_blocks);
+  PlainMutexLock lock(&mu_);
+  av1::Frame* f = NewRequest();
+  kv1::AllocRequest* request = f->mutable_alloc();
+  request->set_num_blocks(num_blocks);
   // An empty id is proto3's default: setting it would only allocate.
-  if (!request_id.empty()) request.set_request_id(request_id);
-  absl::StatusOr<kv1::AllocResponse> r = Alloc(std::move(request));
-  if (!r.ok()) return r.status();
+  if (!request_id.empty()) request->set_request_id(request_id);
+  absl::StatusOr<const av1::Frame*> reply =
+      CallAttached(f, av1::Frame::kAllocReply, "an Alloc reply");
+  if (!reply.ok()) return reply.status();
+  const kv1::AllocResponse& r = (*reply)->alloc_reply();
   std::vector<int64_t> ids;
-  ids.reserve(r->num_blocks());
-  for (const kv1::PageBlocks& p : r->pages()) {
+  ids.reserve(r.num_blocks());
+  for (const kv1::PageBlocks& p : r.pages()) {
     ids.insert(ids.end(), p.block_ids().begin(), p.block_ids().end());
   }
   return ids;
@@ -377,67 +404,58 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
 
 absl::StatusOr<kv1::FreeResponse> Session::Free(kv1::FreeRequest request) {
   PlainMutexLock lock(&mu_);
-  if (absl::Status s = CheckAttached(); !s.ok()) return s;
-  av1::Frame f;
-  *f.mutable_free() = std::move(request);
-  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  av1::Frame* f = NewRequest();
+  *f->mutable_free() = std::move(request);
+  absl::StatusOr<const av1::Frame*> reply =
+      CallAttached(f, av1::Frame::kFreeReply, "a Free reply");
   if (!reply.ok()) return reply.status();
-  if (!reply->has_free_reply()) {
-    return ProtocolFailure(av1::UNEXPECTED_MESSAGE, "expected a Free reply");
-  }
-  return std::move(*reply->mutable_free_reply());
+  return (*reply)->free_reply();
 }
 
 absl::StatusOr<kv1::FreeResponse> Session::Free(
     absl::Span<const int64_t> block_ids, const std::string& request_id) {
-  kv1::FreeRequest request;
-  request.mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
-  if (!request_id.empty()) request.set_request_id(request_id);
-  return Free(std::move(request));
+  PlainMutexLock lock(&mu_);
+  av1::Frame* f = NewRequest();
+  kv1::FreeRequest* request = f->mutable_free();
+  request->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
+  if (!request_id.empty()) request->set_request_id(request_id);
+  absl::StatusOr<const av1::Frame*> reply =
+      CallAttached(f, av1::Frame::kFreeReply, "a Free reply");
+  if (!reply.ok()) return reply.status();
+  return (*reply)->free_reply();
 }
 
 absl::StatusOr<kv1::ReserveResponse> Session::Reserve(
     kv1::ReserveRequest request) {
   PlainMutexLock lock(&mu_);
-  if (absl::Status s = CheckAttached(); !s.ok()) return s;
-  av1::Frame f;
-  *f.mutable_reserve() = std::move(request);
-  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  av1::Frame* f = NewRequest();
+  *f->mutable_reserve() = std::move(request);
+  absl::StatusOr<const av1::Frame*> reply =
+      CallAttached(f, av1::Frame::kReserveReply, "a Reserve reply");
   if (!reply.ok()) return reply.status();
-  if (!reply->has_reserve_reply()) {
-    return ProtocolFailure(av1::UNEXPECTED_MESSAGE, "expected a Reserve reply");
-  }
-  return std::move(*reply->mutable_reserve_reply());
+  return (*reply)->reserve_reply();
 }
 
 absl::StatusOr<kv1::ReleaseReservationResponse> Session::ReleaseReservation(
     kv1::ReleaseReservationRequest request) {
   PlainMutexLock lock(&mu_);
-  if (absl::Status s = CheckAttached(); !s.ok()) return s;
-  av1::Frame f;
-  *f.mutable_release_reservation() = std::move(request);
-  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  av1::Frame* f = NewRequest();
+  *f->mutable_release_reservation() = std::move(request);
+  absl::StatusOr<const av1::Frame*> reply = CallAttached(
+      f, av1::Frame::kReleaseReservationReply, "a ReleaseReservation reply");
   if (!reply.ok()) return reply.status();
-  if (!reply->has_release_reservation_reply()) {
-    return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
-                           "expected a ReleaseReservation reply");
-  }
-  return std::move(*reply->mutable_release_reservation_reply());
+  return (*reply)->release_reservation_reply();
 }
 
 absl::StatusOr<kv1::CapacityResponse> Session::Capacity(
     kv1::CapacityRequest request) {
   PlainMutexLock lock(&mu_);
-  if (absl::Status s = CheckAttached(); !s.ok()) return s;
-  av1::Frame f;
-  *f.mutable_capacity() = std::move(request);
-  absl::StatusOr<av1::Frame> reply = Call(std::move(f));
+  av1::Frame* f = NewRequest();
+  *f->mutable_capacity() = std::move(request);
+  absl::StatusOr<const av1::Frame*> reply =
+      CallAttached(f, av1::Frame::kCapacityReply, "a Capacity reply");
   if (!reply.ok()) return reply.status();
-  if (!reply->has_capacity_reply()) {
-    return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
-                           "expected a Capacity reply");
-  }
-  return std::move(*reply->mutable_capacity_reply());
+  return (*reply)->capacity_reply();
 }
 
 absl::Status Session::ProcessEvents() {
@@ -451,7 +469,10 @@ absl::Status Session::ProcessEvents() {
       if (absl::IsCancelled(got.status())) closed_ = true;
       return got.status();
     }
-    if (absl::Status s = HandleEvent(std::move(*got)); !s.ok()) return s;
+    if (absl::Status s = HandleEvent(got->frame, std::move(got->fds));
+        !s.ok()) {
+      return s;
+    }
   }
 }
 

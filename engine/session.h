@@ -37,6 +37,7 @@
 #ifndef KVBROKER_ENGINE_SESSION_H_
 #define KVBROKER_ENGINE_SESSION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -196,16 +197,26 @@ class Session {
  private:
   Session(attach::FrameChannel channel, absl::Duration close_timeout);
 
-  // Sends `request` with a fresh seq and reads until its reply, handling
-  // daemon-initiated messages on the way.
-  absl::StatusOr<attach::v1::Frame> Call(attach::v1::Frame request)
+  // Starts a call: the frames of the last one are dropped and a fresh
+  // request frame of frames_ is returned.
+  attach::v1::Frame* NewRequest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `request` (from NewRequest) with a fresh seq and reads until its
+  // reply, handling daemon-initiated messages on the way. The reply is a
+  // frame of frames_: valid until the next NewRequest.
+  absl::StatusOr<const attach::v1::Frame*> Call(attach::v1::Frame* request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Call on an attached session, refusing a reply that is not `expected`
+  // (`what` names it: "an Alloc reply").
+  absl::StatusOr<const attach::v1::Frame*> CallAttached(
+      attach::v1::Frame* request, attach::v1::Frame::BodyCase expected,
+      const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a failed send (the daemon closed the connection): handles what
   // the daemon sent before it closed, without blocking; returns the status
   // of its SessionEnd (OK when none came).
   absl::Status ReadAfterHangup() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Handles a message the daemon started (seq 0).
-  absl::Status HandleEvent(attach::ReceivedFrame received)
+  absl::Status HandleEvent(const attach::v1::Frame& f,
+                           std::vector<UniqueFd> fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MapPages(const attach::v1::PagesMapped& pages,
                         std::vector<UniqueFd> fds)
@@ -224,6 +235,9 @@ class Session {
   attach::v1::PoolLayout layout_;
 
   mutable PlainMutex mu_;
+  // The frames of the call in progress (attach/frame.h, kFrameArenaBytes).
+  alignas(std::max_align_t) char frame_block_[attach::kFrameArenaBytes];
+  google::protobuf::Arena frames_ ABSL_GUARDED_BY(mu_);
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   attach::v1::SessionEndReason end_reason_ ABSL_GUARDED_BY(mu_) =
