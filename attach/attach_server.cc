@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <tuple>
 #include <utility>
 
@@ -655,8 +656,24 @@ absl::Status AttachServer::Session::TakeOwned(Holder& h,
                                               const std::string& holder) {
   // Each id is taken out as it is checked, so a repeat finds itself gone;
   // on a refusal the ones taken go back and nothing changed.
+  // Runs of consecutive ids go a word at a time; a run with an id the
+  // holder lacks is walked one by one up to it.
+  constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
   size_t taken = 0;
-  while (taken < ids.size() && h.blocks.erase(ids[taken])) ++taken;
+  while (taken < ids.size()) {
+    size_t run = taken + 1;
+    while (run < ids.size() && ids[run - 1] < kLargest &&
+           ids[run] == ids[run - 1] + 1) {
+      ++run;
+    }
+    if (ids[run - 1] < kLargest &&
+        h.blocks.EraseRange(ids[taken], ids[run - 1] + 1)) {
+      taken = run;
+      continue;
+    }
+    while (taken < run && h.blocks.erase(ids[taken])) ++taken;
+    break;
+  }
   if (taken == ids.size()) return absl::OkStatus();
   const int64_t b = ids[taken];
   const bool repeated =

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -284,6 +285,37 @@ TEST_F(AttachServerTest, OnlyTheHolderFreesItsBlocks) {
   ASSERT_TRUE(retry.ok()) << retry.status();
   EXPECT_TRUE(retry->replayed());
   EXPECT_EQ(Allocated(), 4);
+}
+
+// The holder's set checks runs of consecutive ids a word at a time: a run
+// with one id the holder lacks, a repeat across runs, and ids at the top of
+// int64 are refused whole, and the set is left exactly as it was.
+TEST_F(AttachServerTest, RunsOfIdsAreRefusedWhole) {
+  StartServer();
+  auto a = Attached("engine-a");
+  ASSERT_NE(a, nullptr);
+  auto mine = a->Alloc(3);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  const int64_t x = (*mine)[0];
+  ASSERT_EQ(*mine, (std::vector<int64_t>{x, x + 1, x + 2}));
+  const std::vector<int64_t> one_more = {x, x + 1, x + 2, x + 3};
+  EXPECT_EQ(GetReason(a->Free(one_more).status()),
+            FailureReason::kBlockNotAllocated);
+  const std::vector<int64_t> across = {x, x + 1, x + 2, x + 1};
+  EXPECT_EQ(GetReason(a->Free(across).status()),
+            FailureReason::kInvalidArgument);
+  constexpr int64_t kTop = std::numeric_limits<int64_t>::max();
+  const std::vector<int64_t> top = {x, kTop - 1, kTop};
+  EXPECT_EQ(GetReason(a->Free(top).status()),
+            FailureReason::kBlockNotAllocated);
+  const std::vector<int64_t> negative = {-2, -1};
+  EXPECT_EQ(GetReason(a->Free(negative).status()),
+            FailureReason::kBlockNotAllocated);
+  EXPECT_EQ(Allocated(), 3);
+  auto freed = a->Free(*mine);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(freed->freed_blocks(), 3);
+  EXPECT_EQ(Allocated(), 0);
 }
 
 TEST_F(AttachServerTest, SessionEndFreesTheHoldersBlocks) {

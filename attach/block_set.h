@@ -2,8 +2,9 @@
 // grown to the highest id it has held. Membership, insertion and removal
 // cost a shift and a mask: no hashing and no allocation on the session's hot
 // path (Alloc and Free), where a hash set cost more than the pool's own
-// work. A pool's ids lie in [0, max_blocks), so the bitmap never exceeds
-// max_blocks / 8 bytes.
+// work. Runs of consecutive ids, as one Alloc hands them out per page, are
+// set and cleared a word at a time. A pool's ids lie in [0, max_blocks), so the
+// bitmap never exceeds max_blocks / 8 bytes.
 //
 // Thread safety: none; the attach server guards each holder's set with its
 // lock.
@@ -11,6 +12,7 @@
 #ifndef KVBROKER_ATTACH_BLOCK_SET_H_
 #define KVBROKER_ATTACH_BLOCK_SET_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -34,9 +36,41 @@ class BlockSet {
     ++size_;
     return true;
   }
+  // REQUIRES: every id in [0, INT64_MAX).
   template <typename It>
   void insert(It first, It last) {
-    for (; first != last; ++first) insert(*first);
+    while (first != last) {
+      const int64_t begin = *first;
+      int64_t end = begin + 1;
+      for (++first; first != last && *first == end; ++first) ++end;
+      InsertRange(begin, end);
+    }
+  }
+  // Inserts [begin, end). REQUIRES: 0 <= begin <= end.
+  void InsertRange(int64_t begin, int64_t end) {
+    if (begin == end) return;
+    const size_t last = static_cast<size_t>(end - 1) / 64;
+    if (last >= words_.size()) words_.resize(last + 1, 0);
+    for (size_t w = static_cast<size_t>(begin) / 64; w <= last; ++w) {
+      const uint64_t mask = Mask(w, begin, end);
+      size_ += __builtin_popcountll(mask & ~words_[w]);
+      words_[w] |= mask;
+    }
+  }
+  // Erases [begin, end) when every id of it is in the set; otherwise (or
+  // for begin < 0) changes nothing and returns false.
+  bool EraseRange(int64_t begin, int64_t end) {
+    if (begin < 0 || end <= begin) return begin >= 0 && end == begin;
+    const size_t first = static_cast<size_t>(begin) / 64;
+    const size_t last = static_cast<size_t>(end - 1) / 64;
+    if (last >= words_.size()) return false;
+    for (size_t w = first; w <= last; ++w) {
+      const uint64_t mask = Mask(w, begin, end);
+      if ((words_[w] & mask) != mask) return false;
+    }
+    for (size_t w = first; w <= last; ++w) words_[w] &= ~Mask(w, begin, end);
+    size_ -= end - begin;
+    return true;
   }
   // False when `id` was not in the set.
   bool erase(int64_t id) {
@@ -67,6 +101,16 @@ class BlockSet {
   }
 
  private:
+  // The bits of word `w` that lie in [begin, end).
+  static uint64_t Mask(size_t w, int64_t begin, int64_t end) {
+    const int64_t lo = std::max<int64_t>(begin, static_cast<int64_t>(w * 64));
+    const int64_t hi =
+        std::min<int64_t>(end, static_cast<int64_t>(w * 64 + 64));
+    const int64_t n = hi - lo;
+    const uint64_t ones = n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
+    return ones << (lo - static_cast<int64_t>(w * 64));
+  }
+
   std::vector<uint64_t> words_;
   int64_t size_ = 0;  // bits set
 };

@@ -35,5 +35,48 @@ TEST(BlockSet, InsertEraseAndListExactly) {
   EXPECT_EQ(s.Sorted(), std::vector<int64_t>{});
 }
 
+// Runs set and cleared a word at a time against the same ids one by one,
+// across word boundaries; a run with an id missing changes nothing.
+TEST(BlockSet, RangesAgreeWithSingleIds) {
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {0, 0},   {0, 1},    {0, 64},    {5, 63},
+      {63, 65}, {60, 200}, {128, 192}, {1, 300}};
+  for (const auto& [begin, end] : ranges) {
+    BlockSet ranged, single;
+    const std::vector<int64_t> before = {3, 64, 190};
+    ranged.insert(before.begin(), before.end());
+    single.insert(before.begin(), before.end());
+    ranged.InsertRange(begin, end);
+    for (int64_t id = begin; id < end; ++id) single.insert(id);
+    EXPECT_EQ(ranged.Sorted(), single.Sorted()) << begin << ".." << end;
+    EXPECT_EQ(ranged.size(), single.size()) << begin << ".." << end;
+    EXPECT_TRUE(ranged.EraseRange(begin, end)) << begin << ".." << end;
+    for (int64_t id = begin; id < end; ++id) single.erase(id);
+    EXPECT_EQ(ranged.Sorted(), single.Sorted()) << begin << ".." << end;
+    EXPECT_EQ(ranged.size(), single.size()) << begin << ".." << end;
+    if (end > begin) {
+      // Now [begin, end) is (at least partly) gone: a second erase of the
+      // whole run refuses and changes nothing.
+      const std::vector<int64_t> held = ranged.Sorted();
+      EXPECT_FALSE(ranged.EraseRange(begin, end));
+      EXPECT_EQ(ranged.Sorted(), held);
+    }
+  }
+  BlockSet s;
+  EXPECT_FALSE(s.EraseRange(-1, 3));
+  EXPECT_FALSE(s.EraseRange(0, 1000));
+}
+
+TEST(BlockSet, InsertCutsIdsIntoRuns) {
+  BlockSet s;
+  const std::vector<int64_t> ids = {10, 11, 12, 70, 71, 5, 127, 128};
+  s.insert(ids.begin(), ids.end());
+  EXPECT_EQ(s.Sorted(),
+            (std::vector<int64_t>{5, 10, 11, 12, 70, 71, 127, 128}));
+  EXPECT_EQ(s.size(), 8);
+  s.insert(ids.begin(), ids.end());  // again: nothing new
+  EXPECT_EQ(s.size(), 8);
+}
+
 }  // namespace
 }  // namespace kvbroker::attach
