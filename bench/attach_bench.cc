@@ -57,6 +57,11 @@ ABSL_FLAG(bool, pin, false,
           "run the bench on the first CPU it may use and the daemon and the "
           "echo peer (every thread of each) on the second, so both "
           "baselines and the session cross the same pair of CPUs");
+ABSL_FLAG(int, bare_touch_kib, 0,
+          "each end of the bare pair reads this many KiB of its own memory "
+          "(one load per cache line) after every packet it receives, standing "
+          "in for a peer's working set: what refetching it after each wake "
+          "costs, against the same with cores kept awake");
 ABSL_FLAG(std::string, phases, "session,bare,grpc",
           "phases to run; a CPU profile of one phase (perf stat over two "
           "--calls counts) takes it alone");
@@ -73,12 +78,30 @@ namespace av1 = attach::v1;
   std::exit(1);
 }
 
+// --bare_touch_kib: a load per cache line of `kib` KiB of memory that
+// nothing else touches.
+class WorkingSet {
+ public:
+  explicit WorkingSet(int kib) : bytes_(static_cast<size_t>(kib) << 10, 1) {}
+  void Touch() {
+    unsigned sum = 0;
+    for (size_t i = 0; i < bytes_.size(); i += 64) sum += bytes_[i];
+    sink_ = sum;
+  }
+
+ private:
+  std::vector<unsigned char> bytes_;
+  volatile unsigned sink_ = 0;
+};
+
 // The echo peer: each packet's first 4 bytes say how long the answer is.
 int Echo(int fd) {
   std::string in(1 << 17, '\0'), out(1 << 17, 'r');
+  WorkingSet touched(absl::GetFlag(FLAGS_bare_touch_kib));
   while (true) {
     const ssize_t n = recv(fd, in.data(), in.size(), 0);
     if (n <= 0) return 0;
+    touched.Touch();
     uint32_t reply = 0;
     memcpy(&reply, in.data(), sizeof(reply));
     if (send(fd, out.data(), reply, MSG_NOSIGNAL) < 0) return 1;
@@ -133,7 +156,8 @@ Sizes FrameSizes(engine::Session& s, int64_t n) {
   return z;
 }
 
-void RoundTrip(int fd, size_t request, size_t reply, std::string& buf) {
+void RoundTrip(int fd, size_t request, size_t reply, std::string& buf,
+               WorkingSet& touched) {
   uint32_t want = static_cast<uint32_t>(reply);
   memcpy(buf.data(), &want, sizeof(want));
   if (send(fd, buf.data(), request, MSG_NOSIGNAL) !=
@@ -143,6 +167,7 @@ void RoundTrip(int fd, size_t request, size_t reply, std::string& buf) {
   if (recv(fd, buf.data(), buf.size(), 0) != static_cast<ssize_t>(reply)) {
     Die("echo recv");
   }
+  touched.Touch();
 }
 
 int Run() {
@@ -180,7 +205,9 @@ int Run() {
   if (len <= 0) Die("readlink");
   self[len] = '\0';
   std::string echo_flag = absl::StrCat("--echo_fd=", pair[1]);
-  char* argv[] = {self, echo_flag.data(), nullptr};
+  std::string touch_flag = absl::StrCat(
+      "--bare_touch_kib=", absl::GetFlag(FLAGS_bare_touch_kib));
+  char* argv[] = {self, echo_flag.data(), touch_flag.data(), nullptr};
   pid_t echo_pid;
   if (posix_spawn(&echo_pid, self, nullptr, nullptr, argv, environ) != 0) {
     Die("spawn echo");
@@ -208,6 +235,7 @@ int Run() {
   const int calls = absl::GetFlag(FLAGS_calls);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   std::string buf(1 << 17, 'q');
+  WorkingSet touched(absl::GetFlag(FLAGS_bare_touch_kib));
   std::printf("%-22s %12s %12s %12s %10s %10s\n", "pair", "session us",
               "2 bare rt us", "gRPC us", "vs bare", "vs gRPC");
   const std::string phases = absl::GetFlag(FLAGS_phases);
@@ -229,8 +257,8 @@ int Run() {
       ses.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) / calls);
       t0 = absl::Now();
       for (int i = 0; run_bare && i < calls; ++i) {
-        RoundTrip(pair[0], z.alloc_request, z.alloc_reply, buf);
-        RoundTrip(pair[0], z.free_request, z.free_reply, buf);
+        RoundTrip(pair[0], z.alloc_request, z.alloc_reply, buf, touched);
+        RoundTrip(pair[0], z.free_request, z.free_reply, buf, touched);
       }
       bare.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) / calls);
       t0 = absl::Now();
