@@ -1,5 +1,6 @@
 // CudaBackend: the CUDA driver's VMM API, loaded with dlopen at run time.
-// The only file of the project that includes <cuda.h>.
+// The daemon's only file that includes <cuda.h> (an engine's own mapping is
+// engine/cuda_mapper.cc, in the engine's process).
 
 #include "allocator/cuda_backend.h"
 
@@ -11,6 +12,7 @@
 #include "absl/base/macros.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/gpu_uuid.h"
 
 #ifdef KVB_HAVE_CUDA_H
 #include <cuda.h>
@@ -194,16 +196,6 @@ CUmemAllocationProp DeviceAllocationProp(CUdevice device,
   return prop;
 }
 
-// "GPU-" and the 16 bytes as 8-4-4-4-12 hex digits.
-std::string FormatUuid(const unsigned char* b) {
-  std::string out = "GPU-";
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    absl::StrAppend(&out, absl::Hex(b[i], absl::kZeroPad2));
-  }
-  return out;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
@@ -283,7 +275,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     dev.total = Bytes(static_cast<int64_t>(total));
     CUuuid uuid = {};
     if (d.cuDeviceGetUuid(&uuid, cu_device) == CUDA_SUCCESS) {
-      dev.uuid = FormatUuid(reinterpret_cast<const unsigned char*>(uuid.bytes));
+      dev.uuid = FormatGpuUuid(uuid.bytes);
     }
 
     int vmm = 0;

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/gpu_uuid.h"
 #include "engine/mapper.h"
 
 #ifdef KVB_HAVE_CUDA_H
@@ -86,16 +87,6 @@ const Driver& LoadDriver() {
     return d;
   }();
   return *driver;
-}
-
-std::string FormatUuid(const CUuuid& uuid) {
-  std::string out = "GPU-";
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    absl::StrAppend(&out, absl::Hex(static_cast<unsigned char>(uuid.bytes[i]),
-                                    absl::kZeroPad2));
-  }
-  return out;
 }
 
 class CudaMapper final : public DeviceMapper {
@@ -250,7 +241,7 @@ absl::StatusOr<std::unique_ptr<DeviceMapper>> CreateCudaMapper(
     if ((r = d.cuDeviceGetUuid(&uuid, device)) != CUDA_SUCCESS) {
       return d.Error(r, "cuDeviceGetUuid");
     }
-    if (FormatUuid(uuid) != device_uuid) continue;
+    if (FormatGpuUuid(uuid.bytes) != device_uuid) continue;
     CUcontext context = nullptr;
     if ((r = d.cuDevicePrimaryCtxRetain(&context, device)) != CUDA_SUCCESS) {
       return d.Error(r, "cuDevicePrimaryCtxRetain");

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu_uuid.h"
 
 #ifdef KVB_HAVE_CUDA_H
 #include <cuda.h>
@@ -88,16 +89,6 @@ const Driver& LoadDriver() {
   return *driver;
 }
 
-std::string FormatUuid(const CUuuid& uuid) {
-  std::string out = "GPU-";
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    absl::StrAppend(&out, absl::Hex(static_cast<unsigned char>(uuid.bytes[i]),
-                                    absl::kZeroPad2));
-  }
-  return out;
-}
-
 class CudaCopier final : public DeviceCopier {
  public:
   explicit CudaCopier(const Driver& d) : d_(d) {}
@@ -120,7 +111,7 @@ class CudaCopier final : public DeviceCopier {
                .ok()) {
         return s;
       }
-      if (FormatUuid(u) != uuid) continue;
+      if (FormatGpuUuid(u.bytes) != uuid) continue;
       s = d_.Check(d_.cuDevicePrimaryCtxRetain(&dev.context, dev.device),
                    "cuDevicePrimaryCtxRetain");
       if (!s.ok()) return s;
