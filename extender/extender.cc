@@ -117,6 +117,29 @@ NodeCheck FromError(const absl::Status& status) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
+// What Filter and Prioritize read from their body: the scheduler's
+// arguments and the pod's kvbroker request (none for a pod without the
+// annotations). A malformed body, pod or annotation is the status.
+struct ScheduleCall {
+  ExtenderArgs args;
+  std::optional<KvRequest> request;
+};
+
+absl::StatusOr<ScheduleCall> ParseScheduleCall(const std::string& body) {
+  absl::StatusOr<ExtenderArgs> args = ParseExtenderArgs(body);
+  if (!args.ok()) return args.status();
+  absl::StatusOr<PodView> pod = ParsePod(args->pod);
+  if (!pod.ok()) return pod.status();
+  absl::StatusOr<std::optional<KvRequest>> request =
+      ParseKvRequest(pod->annotations);
+  if (!request.ok()) return request.status();
+  return ScheduleCall{*std::move(args), *std::move(request)};
+}
+
+HttpResponse BadRequest(const absl::Status& status) {
+  return Json(400, EncodeError(std::string(status.message())));
+}
+
 }  // namespace
 
 absl::StatusOr<ScorePolicy> ParseScorePolicy(absl::string_view name) {
@@ -291,53 +314,41 @@ std::vector<NodeCheck> Extender::CheckAll(const std::vector<std::string>& nodes,
 }
 
 HttpResponse Extender::Filter(const std::string& body) {
-  absl::StatusOr<ExtenderArgs> args = ParseExtenderArgs(body);
-  if (!args.ok())
-    return Json(400, EncodeError(std::string(args.status().message())));
-  absl::StatusOr<PodView> pod = ParsePod(args->pod);
-  if (!pod.ok())
-    return Json(400, EncodeError(std::string(pod.status().message())));
-  absl::StatusOr<std::optional<KvRequest>> request =
-      ParseKvRequest(pod->annotations);
-  if (!request.ok()) {
-    return Json(400, EncodeError(std::string(request.status().message())));
-  }
+  absl::StatusOr<ScheduleCall> call = ParseScheduleCall(body);
+  if (!call.ok()) return BadRequest(call.status());
+  const ExtenderArgs& args = call->args;
   FilterVerdict verdict;
-  if (!request->has_value()) {
-    for (size_t i = 0; i < args->node_names.size(); ++i)
+  if (!call->request.has_value()) {
+    for (size_t i = 0; i < args.node_names.size(); ++i)
       verdict.kept.push_back(i);
-    return Json(200, EncodeFilterResult(*args, verdict));
+    return Json(200, EncodeFilterResult(args, verdict));
   }
-  const std::vector<NodeCheck> checks = CheckAll(args->node_names, **request);
+  const std::vector<NodeCheck> checks =
+      CheckAll(args.node_names, *call->request);
   for (size_t i = 0; i < checks.size(); ++i) {
     node_verdicts_.Add({{"verdict", checks[i].verdict}}).Increment();
     if (checks[i].fits) {
       verdict.kept.push_back(i);
     } else if (checks[i].unresolvable) {
-      verdict.unresolvable[args->node_names[i]] = checks[i].reason;
+      verdict.unresolvable[args.node_names[i]] = checks[i].reason;
     } else {
-      verdict.failed[args->node_names[i]] = checks[i].reason;
+      verdict.failed[args.node_names[i]] = checks[i].reason;
     }
   }
-  return Json(200, EncodeFilterResult(*args, verdict));
+  return Json(200, EncodeFilterResult(args, verdict));
 }
 
 HttpResponse Extender::Prioritize(const std::string& body) {
-  absl::StatusOr<ExtenderArgs> args = ParseExtenderArgs(body);
-  if (!args.ok())
-    return Json(400, EncodeError(std::string(args.status().message())));
-  absl::StatusOr<PodView> pod = ParsePod(args->pod);
-  if (!pod.ok())
-    return Json(400, EncodeError(std::string(pod.status().message())));
-  absl::StatusOr<std::optional<KvRequest>> request =
-      ParseKvRequest(pod->annotations);
-  if (!request.ok()) {
-    return Json(400, EncodeError(std::string(request.status().message())));
-  }
+  absl::StatusOr<ScheduleCall> call = ParseScheduleCall(body);
+  if (!call.ok()) return BadRequest(call.status());
+  const ExtenderArgs& args = call->args;
   std::vector<std::pair<std::string, int64_t>> scores;
-  for (const std::string& node : args->node_names) scores.push_back({node, 0});
-  if (!request->has_value()) return Json(200, EncodeHostPriorityList(scores));
-  const std::vector<NodeCheck> checks = CheckAll(args->node_names, **request);
+  for (const std::string& node : args.node_names) scores.push_back({node, 0});
+  if (!call->request.has_value()) {
+    return Json(200, EncodeHostPriorityList(scores));
+  }
+  const std::vector<NodeCheck> checks =
+      CheckAll(args.node_names, *call->request);
   int64_t lo = INT64_MAX, hi = INT64_MIN;
   for (const NodeCheck& c : checks) {
     if (!c.fits) continue;
@@ -380,8 +391,7 @@ void Extender::NoteReleased(const std::string& uid, int released) {
 
 HttpResponse Extender::Bind(const std::string& body) {
   absl::StatusOr<BindingArgs> args = ParseBindingArgs(body);
-  if (!args.ok())
-    return Json(400, EncodeError(std::string(args.status().message())));
+  if (!args.ok()) return BadRequest(args.status());
   auto outcome = [&](const std::string& name) {
     binds_.Add({{"outcome", name}}).Increment();
   };
@@ -408,7 +418,7 @@ HttpResponse Extender::Bind(const std::string& body) {
       ParseKvRequest(pod->annotations);
   if (!request.ok()) {
     outcome("bad_annotations");
-    return Json(400, EncodeError(std::string(request.status().message())));
+    return BadRequest(request.status());
   }
   if (!pod->node_name.empty()) {
     if (pod->node_name == args->node &&
