@@ -50,7 +50,6 @@ std::string HolderRequestId(absl::string_view holder, absl::string_view id) {
   return absl::StrCat("attach/", holder, "/", id);
 }
 
-
 }  // namespace
 
 AttachServer::Session::Session(AttachServer* server, uint64_t id,

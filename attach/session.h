@@ -74,12 +74,16 @@ class AttachServer::Session {
   // refusal returned leaves `out` to be replaced by its Error.
   absl::Status OnHello(const v1::Hello& hello, v1::Frame* out);
   absl::Status OnAttach(const v1::AttachRequest& request, v1::Frame* out);
-  absl::Status OnAlloc(const ::kvbroker::v1::AllocRequest& request, v1::Frame* out);
-  absl::Status OnFree(const ::kvbroker::v1::FreeRequest& request, v1::Frame* out);
-  absl::Status OnReserve(const ::kvbroker::v1::ReserveRequest& request, v1::Frame* out);
-  absl::Status OnRelease(const ::kvbroker::v1::ReleaseReservationRequest& request,
+  absl::Status OnAlloc(const ::kvbroker::v1::AllocRequest& request,
+                       v1::Frame* out);
+  absl::Status OnFree(const ::kvbroker::v1::FreeRequest& request,
+                      v1::Frame* out);
+  absl::Status OnReserve(const ::kvbroker::v1::ReserveRequest& request,
                          v1::Frame* out);
-  absl::Status OnCapacity(const ::kvbroker::v1::CapacityRequest& request, v1::Frame* out);
+  absl::Status OnRelease(
+      const ::kvbroker::v1::ReleaseReservationRequest& request, v1::Frame* out);
+  absl::Status OnCapacity(const ::kvbroker::v1::CapacityRequest& request,
+                          v1::Frame* out);
   // Page delivery (attach/outbox.h): registers the outbox with the pool and
   // queues the snapshot; returns how many pages it names.
   absl::StatusOr<int64_t> SubscribeToPages(const std::vector<int>& devices);
@@ -99,7 +103,8 @@ class AttachServer::Session {
   absl::Status CheckPool(absl::string_view pool) const;
   // Allocates through the pool into `response` and records the blocks as
   // the holder's.
-  absl::Status AllocForHolder(AllocRequest alloc, ::kvbroker::v1::AllocResponse* response);
+  absl::Status AllocForHolder(AllocRequest alloc,
+                              ::kvbroker::v1::AllocResponse* response);
   // Takes `ids` out of the holder's set if it owns each exactly once;
   // otherwise changes nothing and refuses (INVALID_ARGUMENT for a repeat,
   // BLOCK_NOT_ALLOCATED for one it does not own).

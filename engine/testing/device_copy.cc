@@ -106,8 +106,7 @@ class CudaCopier final : public DeviceCopier {
       CUuuid u = {};
       if (!(s = d_.Check(d_.cuDeviceGet(&dev.device, ordinal), "cuDeviceGet"))
                .ok() ||
-          !(s = d_.Check(d_.cuDeviceGetUuid(&u, dev.device),
-                         "cuDeviceGetUuid"))
+          !(s = d_.Check(d_.cuDeviceGetUuid(&u, dev.device), "cuDeviceGetUuid"))
                .ok()) {
         return s;
       }
