@@ -56,13 +56,6 @@ int64_t Uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
 
-bool IsCapacityReason(FailureReason r) {
-  return r == FailureReason::kPoolExhausted ||
-         r == FailureReason::kGpuMemoryExhausted ||
-         r == FailureReason::kShrinkPending ||
-         r == FailureReason::kRequestTooLarge;
-}
-
 std::vector<BlockId> Flatten(const std::vector<PageBlocks>& pages) {
   std::vector<BlockId> ids;
   for (const PageBlocks& pb : pages) {

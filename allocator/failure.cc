@@ -91,6 +91,16 @@ FailureReason ReasonFromName(absl::string_view name) {
 
 absl::StatusCode ReasonCode(FailureReason reason) { return Info(reason).code; }
 
+bool IsCapacityReason(FailureReason reason) {
+  switch (reason) {
+    case FailureReason::kPoolExhausted:
+    case FailureReason::kGpuMemoryExhausted:
+    case FailureReason::kShrinkPending:
+    case FailureReason::kRequestTooLarge: return true;
+    default: return false;
+  }
+}
+
 absl::Status MakeFailure(FailureReason reason, absl::string_view message,
                          FailureMetadata metadata,
                          std::vector<FieldViolation> violations) {

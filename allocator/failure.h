@@ -61,6 +61,10 @@ absl::string_view ReasonName(FailureReason reason);
 FailureReason ReasonFromName(absl::string_view name);
 // The canonical code SPEC section 6 assigns to `reason`.
 absl::StatusCode ReasonCode(FailureReason reason);
+// The capacity reasons, with which an Alloc that does not fit is refused
+// (SPEC section 4): POOL_EXHAUSTED, GPU_MEMORY_EXHAUSTED, SHRINK_PENDING,
+// REQUEST_TOO_LARGE.
+bool IsCapacityReason(FailureReason reason);
 
 // Metadata keys are snake_case and carry their unit; values are strings.
 using FailureMetadata = std::map<std::string, std::string>;

@@ -3,6 +3,7 @@
 
 #include "allocator/failure.h"
 
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +95,18 @@ TEST(FailureReasonTest, NumericValuesAreStable) {
   EXPECT_EQ(static_cast<int>(FailureReason::kMappingFailed), 17);
   EXPECT_EQ(static_cast<int>(FailureReason::kPoolFailed), 18);
   EXPECT_EQ(static_cast<int>(FailureReason::kPermissionDenied), 20);
+}
+
+TEST(FailureReasonTest, CapacityReasonsAreTheFourOfSection4) {
+  std::set<std::string> capacity;
+  for (int r = 0; r <= kMaxFailureReason; ++r) {
+    const auto reason = static_cast<FailureReason>(r);
+    if (IsCapacityReason(reason))
+      capacity.insert(std::string(ReasonName(reason)));
+  }
+  EXPECT_EQ(capacity,
+            (std::set<std::string>{"GPU_MEMORY_EXHAUSTED", "POOL_EXHAUSTED",
+                                   "REQUEST_TOO_LARGE", "SHRINK_PENDING"}));
 }
 
 TEST(FailureReasonTest, UnknownNameIsUnspecified) {

@@ -159,13 +159,6 @@ Coverage* coverage = new Coverage();
 // ---------------------------------------------------------------------------
 // Helpers
 
-bool IsCapacityReason(FailureReason r) {
-  return r == FailureReason::kPoolExhausted ||
-         r == FailureReason::kGpuMemoryExhausted ||
-         r == FailureReason::kShrinkPending ||
-         r == FailureReason::kRequestTooLarge;
-}
-
 std::string ReasonOf(const absl::Status& s) {
   if (GetReason(s) == FailureReason::kUnspecified) return s.ToString();
   return std::string(ReasonName(GetReason(s)));

@@ -85,13 +85,6 @@ std::string DebugString(const History& history) {
 
 namespace {
 
-bool IsCapacityReason(FailureReason r) {
-  return r == FailureReason::kPoolExhausted ||
-         r == FailureReason::kGpuMemoryExhausted ||
-         r == FailureReason::kShrinkPending ||
-         r == FailureReason::kRequestTooLarge;
-}
-
 // The model's refusal reasons for capacity are a best guess (reference
 // model); every other reason must match exactly.
 bool SameRefusal(FailureReason observed, FailureReason predicted) {
