@@ -21,8 +21,14 @@
 // rounds (callback threading): the same throughput with as many bare idle
 // streams of the same server open (bench.Ping/Hold: one message, then
 // silence), i.e. what that many open gRPC streams cost by themselves.
+// --watchers_in=child (the default) holds the streams open from a separate
+// client process (this binary again, --stream_client), as a real daemon's
+// watchers are other processes; --watchers_in=bench holds them in the
+// bench's own process, beside the daemon and the measured client, so that
+// their client side is paid by the measured process too.
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -30,14 +36,19 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "allocator/host_backend.h"
+#include "attach/testing/child_process.h"
 #include "allocator/spin_then_lock.h"
 #include "bench/proto/ping.grpc.pb.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
@@ -54,6 +65,13 @@ ABSL_FLAG(std::string, mode, "latency",
           "without open WatchCapacity streams)");
 ABSL_FLAG(int, watchers, 400,
           "watchers mode: streams open in the loaded phase");
+ABSL_FLAG(std::string, watchers_in, "child",
+          "watchers mode: where the streams' clients live: child (a separate "
+          "process) or bench (this process)");
+ABSL_FLAG(std::string, stream_client, "",
+          "internal: serve as the streams' client process against this "
+          "target (--stream_kind, --watchers), reading stop from stdin");
+ABSL_FLAG(std::string, stream_kind, "watch", "internal: watch or hold");
 ABSL_FLAG(double, watch_offers_per_second, -1,
           "the daemon's watch fan-out budget; -1: its default");
 ABSL_FLAG(int, watch_interval_ms, -1,
@@ -236,6 +254,88 @@ using IdleWatcher =
     IdleStream<v1::WatchCapacityRequest, v1::WatchCapacityResponse>;
 using IdleHold = IdleStream<bench::PingRequest, bench::PingResponse>;
 
+// The connections idle streams come over, as separate clients' would.
+constexpr int kStreamChannels = 8;
+std::vector<std::shared_ptr<grpc::Channel>> StreamChannels(
+    const std::string& target) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < kStreamChannels; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("kvbroker.bench.stream_channel", i);  // a connection each
+    channels.push_back(grpc::CreateCustomChannel(
+        target, grpc::InsecureChannelCredentials(), args));
+  }
+  return channels;
+}
+
+// Opens `count` idle streams of `kind` (watch: WatchCapacity of pool
+// "bench"; hold: bench.Ping/Hold) over `channels`, round robin.
+template <typename Stream>
+std::vector<std::unique_ptr<Stream>> OpenStreams(
+    const std::vector<std::unique_ptr<v1::KvBroker::Stub>>& watch_stubs,
+    const std::vector<std::unique_ptr<bench::Ping::Stub>>& hold_stubs,
+    int count) {
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < count; ++i) {
+    streams.push_back(std::make_unique<Stream>());
+    if constexpr (std::is_same_v<Stream, IdleWatcher>) {
+      v1::WatchCapacityRequest request;
+      request.set_pool("bench");
+      v1::KvBroker::Stub* stub = watch_stubs[i % watch_stubs.size()].get();
+      streams.back()->Start(
+          [stub](auto... a) { stub->async()->WatchCapacity(a...); },
+          std::move(request));
+    } else {
+      bench::Ping::Stub* stub = hold_stubs[i % hold_stubs.size()].get();
+      streams.back()->Start([stub](auto... a) { stub->async()->Hold(a...); },
+                            bench::PingRequest());
+    }
+  }
+  return streams;
+}
+
+// --stream_client: holds --watchers streams of --stream_kind open against
+// the target; prints "ready" once each has its first message, then, after
+// a line (or the end) of stdin, "reads N" (the messages read since ready),
+// and closes them.
+template <typename Stream>
+int StreamClientOf(const std::string& target) {
+  std::vector<std::unique_ptr<v1::KvBroker::Stub>> watch_stubs;
+  std::vector<std::unique_ptr<bench::Ping::Stub>> hold_stubs;
+  for (const auto& channel : StreamChannels(target)) {
+    watch_stubs.push_back(v1::KvBroker::NewStub(channel));
+    hold_stubs.push_back(bench::Ping::NewStub(channel));
+  }
+  auto streams = OpenStreams<Stream>(watch_stubs, hold_stubs,
+                                     absl::GetFlag(FLAGS_watchers));
+  int64_t before = 0;
+  for (auto& w : streams) {
+    w->AwaitFirstMessage();
+    before += w->reads();
+  }
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char line[64];
+  if (std::fgets(line, sizeof(line), stdin) == nullptr) line[0] = '\0';
+  int64_t after = 0;
+  for (auto& w : streams) after += w->reads();
+  std::printf("reads %lld\n", static_cast<long long>(after - before));
+  std::fflush(stdout);
+  for (auto& w : streams) w->CancelAndWait();
+  return 0;
+}
+
+int StreamClient() {
+  const std::string target = absl::GetFlag(FLAGS_stream_client);
+  if (absl::GetFlag(FLAGS_stream_kind) == "watch") {
+    return StreamClientOf<IdleWatcher>(target);
+  }
+  if (absl::GetFlag(FLAGS_stream_kind) == "hold") {
+    return StreamClientOf<IdleHold>(target);
+  }
+  Die("--stream_kind must be watch or hold");
+}
+
 // One Alloc(16) on pool "bench", then the Free of its blocks: two RPCs per
 // completion.
 void AllocFreeAsync(v1::KvBroker::Stub* kvb, std::function<void()> done) {
@@ -275,33 +375,60 @@ int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb,
   const int count = absl::GetFlag(FLAGS_watchers);
   const int inflight = absl::GetFlag(FLAGS_inflight);
   const double secs = absl::GetFlag(FLAGS_qps_seconds);
-  // The streams come over their own connections, as separate clients do.
-  constexpr int kWatchChannels = 8;
+  const std::string where = absl::GetFlag(FLAGS_watchers_in);
+  if (where != "child" && where != "bench") {
+    Die("--watchers_in must be child or bench");
+  }
   std::vector<std::unique_ptr<v1::KvBroker::Stub>> watch_stubs;
   std::vector<std::unique_ptr<bench::Ping::Stub>> hold_stubs;
-  for (int i = 0; i < kWatchChannels; ++i) {
-    grpc::ChannelArguments args;
-    args.SetInt("kvbroker.bench.watch_channel", i);  // a connection each
-    auto channel = grpc::CreateCustomChannel(
-        target, grpc::InsecureChannelCredentials(), args);
-    watch_stubs.push_back(v1::KvBroker::NewStub(channel));
-    hold_stubs.push_back(bench::Ping::NewStub(channel));
+  if (where == "bench") {
+    for (const auto& channel : StreamChannels(target)) {
+      watch_stubs.push_back(v1::KvBroker::NewStub(channel));
+      hold_stubs.push_back(bench::Ping::NewStub(channel));
+    }
   }
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) Die("readlink /proc/self/exe");
+  self[len] = '\0';
   auto allocfree = [&](std::function<void()> done) {
     AllocFreeAsync(kvb, std::move(done));
   };
-  // Alloc+Free throughput with `streams` open (each has its first message
-  // before the phase starts); the messages they read during the phase are
-  // added to *read.
-  auto loaded = [&](auto& streams, int64_t* read) {
-    for (auto& w : streams) w->AwaitFirstMessage();
-    int64_t before = 0;
-    for (auto& w : streams) before += w->reads();
+  // Alloc+Free throughput with `count` streams of Stream open (each has its
+  // first message before the phase starts); the messages they read during
+  // the phase are added to *read.
+  auto loaded = [&](auto* kind, int64_t* read) {
+    using Stream = std::remove_pointer_t<decltype(kind)>;
+    if (where == "bench") {
+      auto streams = OpenStreams<Stream>(watch_stubs, hold_stubs, count);
+      for (auto& w : streams) w->AwaitFirstMessage();
+      int64_t before = 0;
+      for (auto& w : streams) before += w->reads();
+      const double qps = 2 * Qps(allocfree, inflight, secs);
+      int64_t after = 0;
+      for (auto& w : streams) after += w->reads();
+      *read += after - before;
+      for (auto& w : streams) w->CancelAndWait();
+      return qps;
+    }
+    testing::ChildProcess client(
+        self, {absl::StrCat("--stream_client=", target),
+               absl::StrCat("--stream_kind=",
+                            std::is_same_v<Stream, IdleWatcher> ? "watch"
+                                                                : "hold"),
+               absl::StrCat("--watchers=", count)});
+    if (client.ReadUntil("ready", absl::Seconds(120)).empty()) {
+      Die("the streams' client process did not get ready");
+    }
     const double qps = 2 * Qps(allocfree, inflight, secs);
-    int64_t after = 0;
-    for (auto& w : streams) after += w->reads();
-    *read += after - before;
-    for (auto& w : streams) w->CancelAndWait();
+    client.WriteLine("stop");
+    const std::string reads = client.ReadUntil("reads ");
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(absl::StripPrefix(reads, "reads "), &n)) {
+      Die("the streams' client process: \"" + reads + "\"");
+    }
+    *read += n;
+    if (client.Wait() != 0) Die("the streams' client process failed");
     return qps;
   };
   Qps(allocfree, inflight, secs / 2);  // warm-up
@@ -309,31 +436,14 @@ int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb,
   int64_t snapshots = 0, held_reads = 0;
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     alone.push_back(2 * Qps(allocfree, inflight, secs));
-    std::vector<std::unique_ptr<IdleWatcher>> watchers;
-    for (int i = 0; i < count; ++i) {
-      watchers.push_back(std::make_unique<IdleWatcher>());
-      v1::WatchCapacityRequest request;
-      request.set_pool("bench");
-      v1::KvBroker::Stub* stub = watch_stubs[i % kWatchChannels].get();
-      watchers.back()->Start(
-          [stub](auto... a) { stub->async()->WatchCapacity(a...); },
-          std::move(request));
-    }
-    watched.push_back(loaded(watchers, &snapshots));
+    watched.push_back(loaded(static_cast<IdleWatcher*>(nullptr), &snapshots));
     ratios.push_back(watched.back() / alone.back());
     std::printf(
         "round %d: Alloc+Free(16) %.0f RPC/s alone, %.0f with %d "
         "watchers (%.3fx)",
         round, alone.back(), watched.back(), count, ratios.back());
     if (with_baseline) {
-      std::vector<std::unique_ptr<IdleHold>> holds;
-      for (int i = 0; i < count; ++i) {
-        holds.push_back(std::make_unique<IdleHold>());
-        bench::Ping::Stub* stub = hold_stubs[i % kWatchChannels].get();
-        holds.back()->Start([stub](auto... a) { stub->async()->Hold(a...); },
-                            bench::PingRequest());
-      }
-      held.push_back(loaded(holds, &held_reads));
+      held.push_back(loaded(static_cast<IdleHold*>(nullptr), &held_reads));
       held_ratios.push_back(held.back() / alone.back());
       net_ratios.push_back(watched.back() / held.back());
       std::printf(", %.0f with %d bare idle streams (%.3fx)", held.back(),
@@ -343,11 +453,13 @@ int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb,
   }
   std::printf(
       "\nwatchers, %d in flight over %s: Alloc+Free(16) %.0f RPC/s alone, "
-      "%.0f with %d idle watchers: %.3fx (median of %d rounds; %.1f "
-      "snapshots per watcher per loaded second)\n",
+      "%.0f with %d idle watchers (clients in %s): %.3fx (median of %d "
+      "rounds; %.1f snapshots per watcher per loaded second)\n",
       inflight,
       target.rfind("unix:", 0) == 0 ? "a Unix socket" : "loopback TCP",
-      Median(alone), Median(watched), count, Median(ratios),
+      Median(alone), Median(watched), count,
+      where == "child" ? "a separate process" : "the bench's process",
+      Median(ratios),
       absl::GetFlag(FLAGS_rounds),
       static_cast<double>(snapshots) /
           (count * secs * absl::GetFlag(FLAGS_rounds)));
@@ -624,6 +736,9 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_stream_client).empty()) {
+    return kvbroker::StreamClient();
+  }
   kvbroker::SpinThenLock::SetSpinBound(absl::GetFlag(FLAGS_pool_lock_spin));
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return kvbroker::Main();
