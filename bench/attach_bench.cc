@@ -21,6 +21,7 @@
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <poll.h>
 #include <sched.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -62,6 +63,10 @@ ABSL_FLAG(int, bare_touch_kib, 0,
           "(one load per cache line) after every packet it receives, standing "
           "in for a peer's working set: what refetching it after each wake "
           "costs, against the same with cores kept awake");
+ABSL_FLAG(int, spin_us, 0,
+          "the bench's end polls its socket this long for each reply before "
+          "it sleeps, on the session (ConnectOptions::reply_spin) and on the "
+          "bare pair alike; the daemon and the echo peer still sleep");
 ABSL_FLAG(std::string, phases, "session,bare,grpc",
           "phases to run; a CPU profile of one phase (perf stat over two "
           "--calls counts) takes it alone");
@@ -156,14 +161,24 @@ Sizes FrameSizes(engine::Session& s, int64_t n) {
   return z;
 }
 
+// --spin_us on the bare pair: what engine::Session does with reply_spin.
+void SpinForReply(int fd, int64_t spin_ns) {
+  if (spin_ns == 0) return;
+  const int64_t until = absl::GetCurrentTimeNanos() + spin_ns;
+  pollfd p = {fd, POLLIN, 0};
+  while (poll(&p, 1, 0) == 0 && absl::GetCurrentTimeNanos() < until) {
+  }
+}
+
 void RoundTrip(int fd, size_t request, size_t reply, std::string& buf,
-               WorkingSet& touched) {
+               WorkingSet& touched, int64_t spin_ns) {
   uint32_t want = static_cast<uint32_t>(reply);
   memcpy(buf.data(), &want, sizeof(want));
   if (send(fd, buf.data(), request, MSG_NOSIGNAL) !=
       static_cast<ssize_t>(request)) {
     Die("echo send");
   }
+  SpinForReply(fd, spin_ns);
   if (recv(fd, buf.data(), buf.size(), 0) != static_cast<ssize_t>(reply)) {
     Die("echo recv");
   }
@@ -205,8 +220,8 @@ int Run() {
   if (len <= 0) Die("readlink");
   self[len] = '\0';
   std::string echo_flag = absl::StrCat("--echo_fd=", pair[1]);
-  std::string touch_flag = absl::StrCat(
-      "--bare_touch_kib=", absl::GetFlag(FLAGS_bare_touch_kib));
+  std::string touch_flag =
+      absl::StrCat("--bare_touch_kib=", absl::GetFlag(FLAGS_bare_touch_kib));
   char* argv[] = {self, echo_flag.data(), touch_flag.data(), nullptr};
   pid_t echo_pid;
   if (posix_spawn(&echo_pid, self, nullptr, nullptr, argv, environ) != 0) {
@@ -222,6 +237,8 @@ int Run() {
   engine::ConnectOptions c;
   c.socket_path = attach_sock;
   c.holder = "bench";
+  const int64_t spin_ns = int64_t{1000} * absl::GetFlag(FLAGS_spin_us);
+  c.reply_spin = absl::Nanoseconds(spin_ns);
   auto session = engine::Session::Connect(c);
   if (!session.ok()) Die(session.status().ToString());
   engine::AttachOptions a;
@@ -257,8 +274,9 @@ int Run() {
       ses.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) / calls);
       t0 = absl::Now();
       for (int i = 0; run_bare && i < calls; ++i) {
-        RoundTrip(pair[0], z.alloc_request, z.alloc_reply, buf, touched);
-        RoundTrip(pair[0], z.free_request, z.free_reply, buf, touched);
+        RoundTrip(pair[0], z.alloc_request, z.alloc_reply, buf, touched,
+                  spin_ns);
+        RoundTrip(pair[0], z.free_request, z.free_reply, buf, touched, spin_ns);
       }
       bare.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) / calls);
       t0 = absl::Now();

@@ -79,6 +79,17 @@ __attribute__((visibility("default"))) int32_t kvb_connect(
   return Report(absl::OkStatus(), err);
 }
 
+__attribute__((visibility("default"))) int32_t kvb_set_reply_spin(
+    kvb_session* s, int64_t spin_ns, kvb_error* err) {
+  if (s == nullptr) return Report(NullSession(), err);
+  if (spin_ns < 0) {
+    return Report(kvbroker::InvalidField("spin_ns", "must not be negative"),
+                  err);
+  }
+  s->session->set_reply_spin(absl::Nanoseconds(spin_ns));
+  return Report(absl::OkStatus(), err);
+}
+
 __attribute__((visibility("default"))) int32_t kvb_attach(
     kvb_session* s, const char* pool, const int32_t* devices,
     int32_t num_devices, const char* reservation_id, int64_t reservation_blocks,

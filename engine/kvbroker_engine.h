@@ -43,7 +43,7 @@
 extern "C" {
 #endif
 
-#define KVB_ENGINE_ABI_VERSION 2
+#define KVB_ENGINE_ABI_VERSION 3
 
 typedef struct kvb_session kvb_session;
 
@@ -137,6 +137,12 @@ int32_t kvb_free(kvb_session* s, const int64_t* block_ids, int64_t count,
 int32_t kvb_capacity(kvb_session* s, int64_t* available_blocks,
                      int64_t* allocated_blocks, int64_t* reserved_blocks,
                      kvb_error* err);
+
+/* How long each call polls the socket for the daemon's reply before it
+ * sleeps: 0 (the default) sleeps at once; a few tens of microseconds spare
+ * the calling thread a sleep and a wake per reply at the price of its CPU
+ * while it waits. INVALID_ARGUMENT for a negative value. (ABI version 3) */
+int32_t kvb_set_reply_spin(kvb_session* s, int64_t spin_ns, kvb_error* err);
 
 /* Readable when the daemon sent something; then call kvb_process_events. */
 int32_t kvb_event_fd(kvb_session* s);

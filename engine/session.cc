@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,9 +23,11 @@ using attach::FrameChannel;
 using attach::ProtocolFailure;
 using attach::ReceivedFrame;
 
-Session::Session(FrameChannel channel, absl::Duration close_timeout)
+Session::Session(FrameChannel channel, const ConnectOptions& options)
     : channel_(std::move(channel)),
-      close_timeout_(close_timeout),
+      close_timeout_(options.close_timeout),
+      reply_spin_ns_(
+          std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.reply_spin))),
       frames_(attach::FrameArenaOptions(frame_block_, sizeof(frame_block_))) {}
 
 Session::~Session() { Close(/*release=*/false).IgnoreError(); }
@@ -34,8 +37,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
   absl::StatusOr<FrameChannel> channel =
       FrameChannel::Connect(options.socket_path);
   if (!channel.ok()) return channel.status();
-  std::unique_ptr<Session> session(
-      new Session(std::move(*channel), options.close_timeout));
+  std::unique_ptr<Session> session(new Session(std::move(*channel), options));
   PlainMutexLock lock(&session->mu_);
   av1::Frame* hello = session->NewRequest();
   av1::Hello* h = hello->mutable_hello();
@@ -82,6 +84,7 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
   av1::Frame* const got =
       google::protobuf::Arena::CreateMessage<av1::Frame>(&frames_);
   std::vector<UniqueFd> fds;
+  SpinForReply();
   while (true) {
     if (absl::Status s = channel_.ReceiveInto(got, &fds); !s.ok()) {
       // A bad frame from the daemon is a bug there; the peer going away ends
@@ -99,6 +102,21 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
                              "a reply came with fds; they were closed");
     }
     return got;
+  }
+}
+
+void Session::set_reply_spin(absl::Duration spin) {
+  PlainMutexLock lock(&mu_);
+  reply_spin_ns_ = std::max<int64_t>(0, absl::ToInt64Nanoseconds(spin));
+}
+
+void Session::SpinForReply() const {
+  if (reply_spin_ns_ == 0) return;
+  const int64_t until = absl::GetCurrentTimeNanos() + reply_spin_ns_;
+  pollfd p = {channel_.fd(), POLLIN, 0};
+  // A frame, the peer's hangup or an error all end the spin: the receive
+  // that follows reads or reports them.
+  while (poll(&p, 1, 0) == 0 && absl::GetCurrentTimeNanos() < until) {
   }
 }
 

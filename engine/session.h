@@ -71,6 +71,13 @@ struct ConnectOptions {
   // (its SessionEnd reply, sent once the holder's blocks were freed or set
   // aside for the grace).
   absl::Duration close_timeout = absl::Seconds(5);
+  // How long a call polls the socket for the daemon's reply before it
+  // sleeps in the kernel. Zero (the default) sleeps at once. A few tens of
+  // microseconds keep the calling thread from being put to sleep and woken
+  // for each reply (bench/RESULTS.md, "Polling for the reply"), at the
+  // price of that thread's CPU while it waits; the daemon's side is
+  // unchanged.
+  absl::Duration reply_spin = absl::ZeroDuration();
 };
 
 struct AttachOptions {
@@ -169,6 +176,9 @@ class Session {
   absl::StatusOr<kvbroker::v1::CapacityResponse> Capacity(
       kvbroker::v1::CapacityRequest request = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ConnectOptions::reply_spin from the next call on (negative: zero).
+  void set_reply_spin(absl::Duration spin) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Readable whenever the daemon has sent something (a revocation, new
   // pages); watch it with poll/epoll and call ProcessEvents.
   int event_fd() const { return channel_.fd(); }
@@ -195,7 +205,7 @@ class Session {
   absl::Status Close(bool release = true) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  Session(attach::FrameChannel channel, absl::Duration close_timeout);
+  Session(attach::FrameChannel channel, const ConnectOptions& options);
 
   // Starts a call: the frames of the last one are dropped and a fresh
   // request frame of frames_ is returned.
@@ -228,6 +238,9 @@ class Session {
   // SessionEnd, or the end of the stream, within close_timeout_.
   absl::Status AwaitSessionEnd(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Polls channel_ until a frame can be read or reply_spin_ns_ has passed.
+  void SpinForReply() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   attach::FrameChannel channel_;
   const absl::Duration close_timeout_;
   attach::v1::HelloReply hello_;
@@ -235,6 +248,8 @@ class Session {
   attach::v1::PoolLayout layout_;
 
   mutable PlainMutex mu_;
+  // ConnectOptions::reply_spin, in ns (0: none); set_reply_spin changes it.
+  int64_t reply_spin_ns_ ABSL_GUARDED_BY(mu_);
   // The frames of the call in progress (attach/frame.h, kFrameArenaBytes).
   alignas(std::max_align_t) char frame_block_[attach::kFrameArenaBytes];
   google::protobuf::Arena frames_ ABSL_GUARDED_BY(mu_);

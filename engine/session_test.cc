@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "attach/frame.h"
 #include "attach/testing/fd_count.h"
 #include "gtest/gtest.h"
@@ -119,7 +120,8 @@ class SessionTest : public ::testing::Test {
   // Connects an engine Session while the peer answers Hello and Attach; the
   // attach is followed by PagesMapped of `initial` pages.
   void Open(const std::vector<int64_t>& initial,
-            absl::Duration close_timeout = absl::Seconds(5)) {
+            absl::Duration close_timeout = absl::Seconds(5),
+            absl::Duration reply_spin = absl::ZeroDuration()) {
     fds_before_ = OpenFds();
     std::thread daemon([&] {
       peer_.Accept();
@@ -151,6 +153,7 @@ class SessionTest : public ::testing::Test {
     c.socket_path = peer_.path();
     c.holder = "rank0";
     c.close_timeout = close_timeout;
+    c.reply_spin = reply_spin;
     auto s = Session::Connect(c);
     ASSERT_TRUE(s.ok()) << s.status();
     session_ = *std::move(s);
@@ -232,6 +235,40 @@ TEST_F(SessionTest, PagesMappedDuringACallAreMappedBeforeItReturns) {
   EXPECT_EQ(*ids, std::vector<int64_t>{6});
   EXPECT_TRUE(session_->page_mapped(3));
   EXPECT_EQ(*reinterpret_cast<char*>(*session_->BlockAddress(0, 6, 0, 0)), 'd');
+}
+
+// With reply_spin the call polls before it sleeps: a reply inside the spin
+// and one long after it (the peer waits 20 ms) both arrive, and an event
+// sent ahead of the reply is handled first, as without the spin.
+TEST_F(SessionTest, ReplySpinReadsRepliesInsideAndPastTheSpin) {
+  Open({}, absl::Seconds(5), absl::Microseconds(200));
+  std::thread daemon([&] {
+    for (int call = 0; call < 2; ++call) {
+      ReceivedFrame alloc = peer_.Next();
+      ASSERT_TRUE(alloc.frame.has_alloc());
+      if (call == 1) {
+        absl::SleepFor(absl::Milliseconds(20));
+        av1::Frame pm;
+        pm.mutable_pages_mapped()->add_page_ids(3);
+        peer_.Send(pm, {bundles_[3]->fd.get()});
+      }
+      av1::Frame reply;
+      reply.set_seq(alloc.frame.seq());
+      auto* pages = reply.mutable_alloc_reply()->add_pages();
+      pages->set_page_id(3);
+      pages->add_block_ids(6 + call);
+      reply.mutable_alloc_reply()->set_num_blocks(1);
+      peer_.Send(reply);
+    }
+  });
+  auto first = session_->Alloc(1);
+  auto second = session_->Alloc(1);
+  daemon.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*first, std::vector<int64_t>{6});
+  EXPECT_EQ(*second, std::vector<int64_t>{7});
+  EXPECT_TRUE(session_->page_mapped(3));
 }
 
 TEST_F(SessionTest, AFrameOfPagesMapsAsOneBatchOrNotAtAll) {

@@ -63,7 +63,7 @@ def daemon():
 
 def test_library_exports_only_the_c_abi():
     lib = engine.load_library()
-    assert lib.kvb_abi_version() == 2
+    assert lib.kvb_abi_version() == 3
     with pytest.raises(AttributeError):
         lib.KvBrokerInternalSymbolThatDoesNotExist
     # C++ symbols of the implementation stay hidden.
@@ -130,6 +130,22 @@ def test_alloc_free_capacity_are_exact_and_typed(daemon):
         assert a.capacity()["available_blocks"] == 64
         assert a.alloc(3, request_id="r1") == a.alloc(3, request_id="r1")
         assert a.capacity()["allocated_blocks"] == 3
+
+
+def test_reply_spin_serves_the_same_calls(daemon):
+    with engine.Session(daemon, holder="py-spin", token=TOKEN,
+                        reply_spin=50e-6) as s:
+        s.attach("kv")
+        ids = s.alloc(5)
+        assert len(set(ids)) == 5
+        assert s.capacity()["allocated_blocks"] == 5
+        s.set_reply_spin(0)
+        assert s.free(ids) == 5
+        with pytest.raises(engine.EngineError) as e:
+            s.set_reply_spin(-1e-6)
+        assert e.value.reason_name == "INVALID_ARGUMENT"
+        assert e.value.code == 3
+        assert s.capacity()["allocated_blocks"] == 0
 
 
 def test_session_end_and_reattach(daemon):

@@ -35,7 +35,7 @@ import os
 
 __all__ = ["EngineError", "Layout", "Session", "KvView", "load_library"]
 
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 _LIBRARY_NAME = "libkvbroker_engine.so"
 
 # typestr of the element types a view can have (little-endian machines).
@@ -163,6 +163,7 @@ def _declare(lib):
         "kvb_alloc": (i32, [p, i64, ctypes.c_char_p, pi64, i64, pi64, err]),
         "kvb_free": (i32, [p, pi64, i64, ctypes.c_char_p, pi64, err]),
         "kvb_capacity": (i32, [p, pi64, pi64, pi64, err]),
+        "kvb_set_reply_spin": (i32, [p, i64, err]),
         "kvb_event_fd": (i32, [p]),
         "kvb_process_events": (i32, [p, err]),
         "kvb_set_revoke_callback": (None, [p, _REVOKE_CALLBACK, p]),
@@ -231,7 +232,7 @@ class Session:
     """A session on kvbrokerd's attach socket (see the module comment)."""
 
     def __init__(self, socket_path, holder, token="", reattach_grace=0.0,
-                 library=None):
+                 library=None, reply_spin=0.0):
         self._lib = load_library(library)
         self._handle = ctypes.c_void_p()
         self._callback = None
@@ -241,6 +242,16 @@ class Session:
             _bytes(socket_path), _bytes(token), _bytes(holder),
             int(reattach_grace * 1000), ctypes.byref(self._handle),
             ctypes.byref(err)), err)
+        if reply_spin:
+            self.set_reply_spin(reply_spin)
+
+    def set_reply_spin(self, seconds):
+        """How long each call polls for the daemon's reply before it sleeps
+        (0: not at all); a few tens of microseconds spare the thread a sleep
+        and a wake per call, at the price of its CPU while it waits."""
+        err = _Error()
+        _check(self._lib.kvb_set_reply_spin(
+            self._handle, int(seconds * 1e9), ctypes.byref(err)), err)
 
     def __enter__(self):
         return self
