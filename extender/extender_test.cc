@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -677,7 +678,8 @@ TEST(ExtenderInput, MalformedJsonAndAbsurdAnnotationsReserveNothing) {
   ASSERT_TRUE(b);
   Rig rig;
   rig.api().AddBroker("node-b", b->port());
-  for (const std::string& verb : {"filter", "prioritize", "bind"}) {
+  for (const std::string& verb :
+       std::initializer_list<std::string>{"filter", "prioritize", "bind"}) {
     HttpResult r = rig.Post(verb, "{\"Pod\": ");
     EXPECT_EQ(r.code, 400) << verb;
     EXPECT_THAT(r.doc["Error"].get<std::string>(),
@@ -694,8 +696,8 @@ TEST(ExtenderInput, MalformedJsonAndAbsurdAnnotationsReserveNothing) {
   EXPECT_EQ(no_nodes.code, 400);
   EXPECT_EQ(no_nodes.doc["Error"], "ExtenderArgs: give Nodes or NodeNames");
 
-  for (const std::string& blocks :
-       {"99999999999", "0", "-4", "four", "4e3", "1.5"}) {
+  for (const std::string& blocks : std::initializer_list<std::string>{
+           "99999999999", "0", "-4", "four", "4e3", "1.5"}) {
     SCOPED_TRACE(blocks);
     const std::string pod = "absurd";
     rig.api().AddPod("serving", pod, "uid-absurd",
@@ -746,8 +748,8 @@ TEST(ExtenderSecurity, TlsAndBearerTokensToBrokers) {
   absl::StatusOr<TlsOptions> tls =
       TlsOptions::FromFiles(Runfile("client/testdata/ca.pem"), "", "");
   ASSERT_TRUE(tls.ok()) << tls.status();
-  for (const std::string& token :
-       {"scheduler-token-0123456789", "wrong-token-0123456789"}) {
+  for (const std::string& token : std::initializer_list<std::string>{
+           "scheduler-token-0123456789", "wrong-token-0123456789"}) {
     SCOPED_TRACE(token);
     BrokerDirectoryOptions directory;
     directory.tls = *tls;

@@ -322,7 +322,9 @@ void Load(Client* client, const std::string& pool, int64_t calls, uint64_t seed,
     }
   }
   ledger->Give(pool, held);
-  if (!held.empty()) EXPECT_TRUE(client->Free(pool, held).ok());
+  if (!held.empty()) {
+    EXPECT_TRUE(client->Free(pool, held).ok());
+  }
   for (const std::string& id : reservations) {
     EXPECT_TRUE(client->Release(pool, id).ok());
   }
