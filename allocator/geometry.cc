@@ -16,10 +16,6 @@ namespace {
 
 using i128 = __int128;
 
-int64_t CeilDiv(i128 a, i128 b) {
-  return static_cast<int64_t>((a + b - 1) / b);
-}
-
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 128) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {

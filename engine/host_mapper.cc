@@ -71,7 +71,12 @@ class HostMapper final : public DeviceMapper {
     stats_.map += absl::Now() - t0;
     if (error.ok()) error = EnableRuns(bytes, bundles);
     if (!error.ok()) {
-      for (size_t i = 0; i < done; ++i) Placeholder(bundles[i].offset, bytes);
+      // The batch's own error is what the caller needs; a placeholder that
+      // fails here leaves that slot mapped, and the range is released with
+      // the mapper.
+      for (size_t i = 0; i < done; ++i) {
+        Placeholder(bundles[i].offset, bytes).IgnoreError();
+      }
       return error;
     }
     for (const BundleFd& b : bundles) bundles_[b.offset] = bytes;
