@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "allocator/failure.h"
 
 namespace kvbroker::attach {
@@ -97,6 +98,14 @@ absl::Status FromError(const v1::Error& error) {
 }
 
 bool CarriesFds(const v1::Frame& frame) { return frame.has_pages_mapped(); }
+
+void SpinUntilReadable(int fd, int64_t spin_ns) {
+  if (spin_ns <= 0) return;
+  const int64_t until = absl::GetCurrentTimeNanos() + spin_ns;
+  pollfd p = {fd, POLLIN, 0};
+  while (poll(&p, 1, 0) == 0 && absl::GetCurrentTimeNanos() < until) {
+  }
+}
 
 FrameChannel::FrameChannel(UniqueFd socket) : socket_(std::move(socket)) {}
 

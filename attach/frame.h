@@ -79,6 +79,11 @@ google::protobuf::ArenaOptions FrameArenaOptions(char* block, size_t size);
 // Whether a frame of this body may carry fds (only PagesMapped).
 bool CarriesFds(const v1::Frame& frame);
 
+// Polls `fd` without sleeping until a packet can be read (or the peer hung
+// up, or the socket failed) or `spin_ns` nanoseconds have passed; 0 returns
+// at once. The waiting discipline of engine::ConnectOptions::reply_spin.
+void SpinUntilReadable(int fd, int64_t spin_ns);
+
 struct ReceivedFrame {
   v1::Frame frame;
   std::vector<UniqueFd> fds;

@@ -21,7 +21,6 @@
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
-#include <poll.h>
 #include <sched.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -161,15 +160,6 @@ Sizes FrameSizes(engine::Session& s, int64_t n) {
   return z;
 }
 
-// --spin_us on the bare pair: what engine::Session does with reply_spin.
-void SpinForReply(int fd, int64_t spin_ns) {
-  if (spin_ns == 0) return;
-  const int64_t until = absl::GetCurrentTimeNanos() + spin_ns;
-  pollfd p = {fd, POLLIN, 0};
-  while (poll(&p, 1, 0) == 0 && absl::GetCurrentTimeNanos() < until) {
-  }
-}
-
 void RoundTrip(int fd, size_t request, size_t reply, std::string& buf,
                WorkingSet& touched, int64_t spin_ns) {
   uint32_t want = static_cast<uint32_t>(reply);
@@ -178,7 +168,7 @@ void RoundTrip(int fd, size_t request, size_t reply, std::string& buf,
       static_cast<ssize_t>(request)) {
     Die("echo send");
   }
-  SpinForReply(fd, spin_ns);
+  attach::SpinUntilReadable(fd, spin_ns);  // --spin_us, as the session
   if (recv(fd, buf.data(), buf.size(), 0) != static_cast<ssize_t>(reply)) {
     Die("echo recv");
   }

@@ -7,7 +7,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,8 +25,7 @@ using attach::ReceivedFrame;
 Session::Session(FrameChannel channel, const ConnectOptions& options)
     : channel_(std::move(channel)),
       close_timeout_(options.close_timeout),
-      reply_spin_ns_(
-          std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.reply_spin))),
+      reply_spin_ns_(absl::ToInt64Nanoseconds(options.reply_spin)),
       frames_(attach::FrameArenaOptions(frame_block_, sizeof(frame_block_))) {}
 
 Session::~Session() { Close(/*release=*/false).IgnoreError(); }
@@ -84,7 +82,9 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
   av1::Frame* const got =
       google::protobuf::Arena::CreateMessage<av1::Frame>(&frames_);
   std::vector<UniqueFd> fds;
-  SpinForReply();
+  // A frame, the peer's hangup or an error end the spin: the receive that
+  // follows reads or reports them.
+  attach::SpinUntilReadable(channel_.fd(), reply_spin_ns_);
   while (true) {
     if (absl::Status s = channel_.ReceiveInto(got, &fds); !s.ok()) {
       // A bad frame from the daemon is a bug there; the peer going away ends
@@ -107,17 +107,7 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
 
 void Session::set_reply_spin(absl::Duration spin) {
   PlainMutexLock lock(&mu_);
-  reply_spin_ns_ = std::max<int64_t>(0, absl::ToInt64Nanoseconds(spin));
-}
-
-void Session::SpinForReply() const {
-  if (reply_spin_ns_ == 0) return;
-  const int64_t until = absl::GetCurrentTimeNanos() + reply_spin_ns_;
-  pollfd p = {channel_.fd(), POLLIN, 0};
-  // A frame, the peer's hangup or an error all end the spin: the receive
-  // that follows reads or reports them.
-  while (poll(&p, 1, 0) == 0 && absl::GetCurrentTimeNanos() < until) {
-  }
+  reply_spin_ns_ = absl::ToInt64Nanoseconds(spin);
 }
 
 absl::StatusOr<const av1::Frame*> Session::CallAttached(

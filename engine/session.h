@@ -238,9 +238,6 @@ class Session {
   // SessionEnd, or the end of the stream, within close_timeout_.
   absl::Status AwaitSessionEnd(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Polls channel_ until a frame can be read or reply_spin_ns_ has passed.
-  void SpinForReply() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   attach::FrameChannel channel_;
   const absl::Duration close_timeout_;
   attach::v1::HelloReply hello_;
@@ -248,7 +245,8 @@ class Session {
   attach::v1::PoolLayout layout_;
 
   mutable PlainMutex mu_;
-  // ConnectOptions::reply_spin, in ns (0: none); set_reply_spin changes it.
+  // ConnectOptions::reply_spin, in ns (0 or less: none); set_reply_spin
+  // changes it.
   int64_t reply_spin_ns_ ABSL_GUARDED_BY(mu_);
   // The frames of the call in progress (attach/frame.h, kFrameArenaBytes).
   alignas(std::max_align_t) char frame_block_[attach::kFrameArenaBytes];
