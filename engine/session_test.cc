@@ -115,6 +115,17 @@ av1::PoolLayout Layout() {
   return l;
 }
 
+// The daemon's reply to the Alloc of `seq`: `block` on `page`.
+av1::Frame AllocReply(uint64_t seq, int64_t page, int64_t block) {
+  av1::Frame reply;
+  reply.set_seq(seq);
+  auto* pages = reply.mutable_alloc_reply()->add_pages();
+  pages->set_page_id(page);
+  pages->add_block_ids(block);
+  reply.mutable_alloc_reply()->set_num_blocks(1);
+  return reply;
+}
+
 class SessionTest : public ::testing::Test {
  protected:
   // Connects an engine Session while the peer answers Hello and Attach; the
@@ -221,13 +232,7 @@ TEST_F(SessionTest, PagesMappedDuringACallAreMappedBeforeItReturns) {
     av1::Frame pm;  // a daemon-initiated notification, seq 0
     pm.mutable_pages_mapped()->add_page_ids(3);
     peer_.Send(pm, {bundles_[3]->fd.get()});
-    av1::Frame reply;
-    reply.set_seq(alloc.frame.seq());
-    auto* pages = reply.mutable_alloc_reply()->add_pages();
-    pages->set_page_id(3);
-    pages->add_block_ids(6);
-    reply.mutable_alloc_reply()->set_num_blocks(1);
-    peer_.Send(reply);
+    peer_.Send(AllocReply(alloc.frame.seq(), 3, 6));
   });
   auto ids = session_->Alloc(1);
   daemon.join();
@@ -252,13 +257,7 @@ TEST_F(SessionTest, ReplySpinReadsRepliesInsideAndPastTheSpin) {
         pm.mutable_pages_mapped()->add_page_ids(3);
         peer_.Send(pm, {bundles_[3]->fd.get()});
       }
-      av1::Frame reply;
-      reply.set_seq(alloc.frame.seq());
-      auto* pages = reply.mutable_alloc_reply()->add_pages();
-      pages->set_page_id(3);
-      pages->add_block_ids(6 + call);
-      reply.mutable_alloc_reply()->set_num_blocks(1);
-      peer_.Send(reply);
+      peer_.Send(AllocReply(alloc.frame.seq(), 3, 6 + call));
     }
   });
   auto first = session_->Alloc(1);
