@@ -48,8 +48,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "allocator/host_backend.h"
-#include "attach/testing/child_process.h"
 #include "allocator/spin_then_lock.h"
+#include "attach/testing/child_process.h"
 #include "bench/proto/ping.grpc.pb.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "server/daemon.h"
@@ -254,45 +254,59 @@ using IdleWatcher =
     IdleStream<v1::WatchCapacityRequest, v1::WatchCapacityResponse>;
 using IdleHold = IdleStream<bench::PingRequest, bench::PingResponse>;
 
-// The connections idle streams come over, as separate clients' would.
-constexpr int kStreamChannels = 8;
-std::vector<std::shared_ptr<grpc::Channel>> StreamChannels(
-    const std::string& target) {
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int i = 0; i < kStreamChannels; ++i) {
-    grpc::ChannelArguments args;
-    args.SetInt("kvbroker.bench.stream_channel", i);  // a connection each
-    channels.push_back(grpc::CreateCustomChannel(
-        target, grpc::InsecureChannelCredentials(), args));
-  }
-  return channels;
-}
-
-// Opens `count` idle streams of `kind` (watch: WatchCapacity of pool
-// "bench"; hold: bench.Ping/Hold) over `channels`, round robin.
+// `count` idle streams of Stream (IdleWatcher: WatchCapacity of pool
+// "bench"; IdleHold: bench.Ping/Hold) over 8 connections of their own, as
+// separate clients' would be; open once each has had its first message.
 template <typename Stream>
-std::vector<std::unique_ptr<Stream>> OpenStreams(
-    const std::vector<std::unique_ptr<v1::KvBroker::Stub>>& watch_stubs,
-    const std::vector<std::unique_ptr<bench::Ping::Stub>>& hold_stubs,
-    int count) {
-  std::vector<std::unique_ptr<Stream>> streams;
-  for (int i = 0; i < count; ++i) {
-    streams.push_back(std::make_unique<Stream>());
-    if constexpr (std::is_same_v<Stream, IdleWatcher>) {
-      v1::WatchCapacityRequest request;
-      request.set_pool("bench");
-      v1::KvBroker::Stub* stub = watch_stubs[i % watch_stubs.size()].get();
-      streams.back()->Start(
-          [stub](auto... a) { stub->async()->WatchCapacity(a...); },
-          std::move(request));
-    } else {
-      bench::Ping::Stub* stub = hold_stubs[i % hold_stubs.size()].get();
-      streams.back()->Start([stub](auto... a) { stub->async()->Hold(a...); },
-                            bench::PingRequest());
+class OpenStreams {
+ public:
+  OpenStreams(const std::string& target, int count) {
+    for (int i = 0; i < kChannels; ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt("kvbroker.bench.stream_channel", i);  // a connection each
+      auto channel = grpc::CreateCustomChannel(
+          target, grpc::InsecureChannelCredentials(), args);
+      watch_stubs_.push_back(v1::KvBroker::NewStub(channel));
+      hold_stubs_.push_back(bench::Ping::NewStub(channel));
     }
+    for (int i = 0; i < count; ++i) {
+      streams_.push_back(std::make_unique<Stream>());
+      if constexpr (std::is_same_v<Stream, IdleWatcher>) {
+        v1::WatchCapacityRequest request;
+        request.set_pool("bench");
+        v1::KvBroker::Stub* stub = watch_stubs_[i % kChannels].get();
+        streams_.back()->Start(
+            [stub](auto... a) { stub->async()->WatchCapacity(a...); },
+            std::move(request));
+      } else {
+        bench::Ping::Stub* stub = hold_stubs_[i % kChannels].get();
+        streams_.back()->Start([stub](auto... a) { stub->async()->Hold(a...); },
+                               bench::PingRequest());
+      }
+    }
+    for (auto& w : streams_) w->AwaitFirstMessage();
+    ready_reads_ = Reads();
   }
-  return streams;
-}
+  ~OpenStreams() {
+    for (auto& w : streams_) w->CancelAndWait();
+  }
+
+  // Messages read since every stream had its first.
+  int64_t ReadsSinceReady() { return Reads() - ready_reads_; }
+
+ private:
+  static constexpr int kChannels = 8;
+  int64_t Reads() {
+    int64_t n = 0;
+    for (auto& w : streams_) n += w->reads();
+    return n;
+  }
+
+  std::vector<std::unique_ptr<v1::KvBroker::Stub>> watch_stubs_;
+  std::vector<std::unique_ptr<bench::Ping::Stub>> hold_stubs_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  int64_t ready_reads_ = 0;
+};
 
 // --stream_client: holds --watchers streams of --stream_kind open against
 // the target; prints "ready" once each has its first message, then, after
@@ -300,28 +314,14 @@ std::vector<std::unique_ptr<Stream>> OpenStreams(
 // and closes them.
 template <typename Stream>
 int StreamClientOf(const std::string& target) {
-  std::vector<std::unique_ptr<v1::KvBroker::Stub>> watch_stubs;
-  std::vector<std::unique_ptr<bench::Ping::Stub>> hold_stubs;
-  for (const auto& channel : StreamChannels(target)) {
-    watch_stubs.push_back(v1::KvBroker::NewStub(channel));
-    hold_stubs.push_back(bench::Ping::NewStub(channel));
-  }
-  auto streams = OpenStreams<Stream>(watch_stubs, hold_stubs,
-                                     absl::GetFlag(FLAGS_watchers));
-  int64_t before = 0;
-  for (auto& w : streams) {
-    w->AwaitFirstMessage();
-    before += w->reads();
-  }
+  OpenStreams<Stream> streams(target, absl::GetFlag(FLAGS_watchers));
   std::printf("ready\n");
   std::fflush(stdout);
   char line[64];
   if (std::fgets(line, sizeof(line), stdin) == nullptr) line[0] = '\0';
-  int64_t after = 0;
-  for (auto& w : streams) after += w->reads();
-  std::printf("reads %lld\n", static_cast<long long>(after - before));
+  std::printf("reads %lld\n",
+              static_cast<long long>(streams.ReadsSinceReady()));
   std::fflush(stdout);
-  for (auto& w : streams) w->CancelAndWait();
   return 0;
 }
 
@@ -379,14 +379,6 @@ int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb,
   if (where != "child" && where != "bench") {
     Die("--watchers_in must be child or bench");
   }
-  std::vector<std::unique_ptr<v1::KvBroker::Stub>> watch_stubs;
-  std::vector<std::unique_ptr<bench::Ping::Stub>> hold_stubs;
-  if (where == "bench") {
-    for (const auto& channel : StreamChannels(target)) {
-      watch_stubs.push_back(v1::KvBroker::NewStub(channel));
-      hold_stubs.push_back(bench::Ping::NewStub(channel));
-    }
-  }
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (len <= 0) Die("readlink /proc/self/exe");
@@ -400,23 +392,17 @@ int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb,
   auto loaded = [&](auto* kind, int64_t* read) {
     using Stream = std::remove_pointer_t<decltype(kind)>;
     if (where == "bench") {
-      auto streams = OpenStreams<Stream>(watch_stubs, hold_stubs, count);
-      for (auto& w : streams) w->AwaitFirstMessage();
-      int64_t before = 0;
-      for (auto& w : streams) before += w->reads();
+      OpenStreams<Stream> streams(target, count);
       const double qps = 2 * Qps(allocfree, inflight, secs);
-      int64_t after = 0;
-      for (auto& w : streams) after += w->reads();
-      *read += after - before;
-      for (auto& w : streams) w->CancelAndWait();
+      *read += streams.ReadsSinceReady();
       return qps;
     }
     testing::ChildProcess client(
-        self, {absl::StrCat("--stream_client=", target),
-               absl::StrCat("--stream_kind=",
-                            std::is_same_v<Stream, IdleWatcher> ? "watch"
-                                                                : "hold"),
-               absl::StrCat("--watchers=", count)});
+        self,
+        {absl::StrCat("--stream_client=", target),
+         absl::StrCat("--stream_kind=",
+                      std::is_same_v<Stream, IdleWatcher> ? "watch" : "hold"),
+         absl::StrCat("--watchers=", count)});
     if (client.ReadUntil("ready", absl::Seconds(120)).empty()) {
       Die("the streams' client process did not get ready");
     }
@@ -459,8 +445,7 @@ int WatchersMode(const std::string& target, v1::KvBroker::Stub* kvb,
       target.rfind("unix:", 0) == 0 ? "a Unix socket" : "loopback TCP",
       Median(alone), Median(watched), count,
       where == "child" ? "a separate process" : "the bench's process",
-      Median(ratios),
-      absl::GetFlag(FLAGS_rounds),
+      Median(ratios), absl::GetFlag(FLAGS_rounds),
       static_cast<double>(snapshots) /
           (count * secs * absl::GetFlag(FLAGS_rounds)));
   if (with_baseline) {
@@ -596,8 +581,8 @@ int Main() {
   if (watchers_mode) {
     // The bare idle streams are a callback method; the poller serves only
     // unary calls.
-    const int rc = WatchersMode(target, kvb,
-                                dopt.threading != ServerThreading::kPoller);
+    const int rc =
+        WatchersMode(target, kvb, dopt.threading != ServerThreading::kPoller);
     (*daemon)->Drain();
     return rc;
   }
