@@ -35,6 +35,10 @@ void PagePool::StepLocked() {
     WithoutLock([this] { options_.between_steps(); });
     return;
   }
+  // With nobody waiting, releasing the lock would let no call in; the
+  // publication then waits for the call's own release, so that readers of
+  // the published counters keep seeing the state before the call.
+  if (!mu_.HasWaiters()) return;
   PublishLocked();
   mu_.Yield();  // a call waiting for the lock goes first
 }

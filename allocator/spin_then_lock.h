@@ -47,10 +47,9 @@ class ABSL_LOCKABLE SpinThenLock {
   // once. Meant to be called at start-up (a lock spinning meanwhile keeps
   // the bound it read).
   static void SetSpinBound(absl::Duration bound) {
-    spin_ns_.store(bound <= absl::ZeroDuration()
-                       ? 0
-                       : absl::ToInt64Nanoseconds(bound),
-                   std::memory_order_relaxed);
+    spin_ns_.store(
+        bound <= absl::ZeroDuration() ? 0 : absl::ToInt64Nanoseconds(bound),
+        std::memory_order_relaxed);
   }
   static absl::Duration spin_bound() {
     return absl::Nanoseconds(spin_ns_.load(std::memory_order_relaxed));
@@ -84,6 +83,13 @@ class ABSL_LOCKABLE SpinThenLock {
     mu_.Await(cond);
   }
 
+  // Whether a thread has found the lock held and is waiting for it (spinning
+  // or parked in Lock; not one parked in Await). A hint: a thread that
+  // arrives just after it was read is seen at the holder's next look.
+  bool HasWaiters() const {
+    return waiters_.load(std::memory_order_relaxed) > 0;
+  }
+
   // Releases the lock and takes it again; a thread that was waiting for it
   // gets it in between (the caller spins, bounded, until one has).
   void Yield()
@@ -91,9 +97,8 @@ class ABSL_LOCKABLE SpinThenLock {
     const int64_t waiting = waiters_.load(std::memory_order_relaxed);
     mu_.Unlock();
     if (waiting > 0) {
-      SpinUntil([&] {
-        return waiters_.load(std::memory_order_relaxed) < waiting;
-      });
+      SpinUntil(
+          [&] { return waiters_.load(std::memory_order_relaxed) < waiting; });
     }
     Lock();
   }
