@@ -180,19 +180,6 @@ absl::StatusOr<Geometry> Geometry::Create(const PoolConfig& config,
 
 // Validation bounds every byte offset by kMaxVirtualBytesPerDevice (2^47), so
 // the products below fit in 64 bits.
-BlockRange Geometry::range(PageId p) const {
-  const int64_t P = config_.page_size.value();
-  const int64_t B = config_.block_bytes.value();
-  BlockRange r;
-  r.begin = (p * P + B - 1) / B;
-  r.end = std::min<int64_t>((p + 1) * P / B, config_.max_blocks);
-  return r;
-}
-
-PageId Geometry::page_of(BlockId b) const {
-  return b * config_.block_bytes.value() / config_.page_size.value();
-}
-
 bool Geometry::is_usable_block(BlockId b) const {
   if (b < 0 || b >= config_.max_blocks) return false;
   BlockRange r = range(page_of(b));

@@ -1,4 +1,5 @@
-// Pool geometry (docs/design.md, "Geometry"): which blocks live on which page, exactly.
+// Pool geometry (docs/design.md, "Geometry"): which blocks live on which page,
+// exactly.
 //
 // Glossary:
 //   P  page size in bytes (per layer and KV buffer); a multiple of the
@@ -20,6 +21,7 @@
 #ifndef KVBROKER_ALLOCATOR_GEOMETRY_H_
 #define KVBROKER_ALLOCATOR_GEOMETRY_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -95,10 +97,20 @@ class Geometry {
   // Byte offset of page p inside each device's range.
   Bytes page_offset(PageId p) const { return Bytes(p * bundle_bytes_.value()); }
 
-  BlockRange range(PageId p) const;
+  // Inline: the pool's walks call these once per page or per id.
+  BlockRange range(PageId p) const {
+    const int64_t P = config_.page_size.value();
+    const int64_t B = config_.block_bytes.value();
+    BlockRange r;
+    r.begin = (p * P + B - 1) / B;
+    r.end = std::min<int64_t>((p + 1) * P / B, config_.max_blocks);
+    return r;
+  }
   BlockCount usable(PageId p) const { return BlockCount(range(p).size()); }
   // The page holding block b's first byte. REQUIRES: 0 <= b < N.
-  PageId page_of(BlockId b) const;
+  PageId page_of(BlockId b) const {
+    return b * config_.block_bytes.value() / config_.page_size.value();
+  }
   // True iff b is in range(page_of(b)), i.e. b can ever be handed out.
   bool is_usable_block(BlockId b) const;
   // Σ usable(p) over all pages.

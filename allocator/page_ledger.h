@@ -37,6 +37,7 @@
 #ifndef KVBROKER_ALLOCATOR_PAGE_LEDGER_H_
 #define KVBROKER_ALLOCATOR_PAGE_LEDGER_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -105,6 +106,11 @@ class PageLedger {
   const Geometry& geometry() const { return *geometry_; }
   const Page& page(PageId p) const { return pages_[p]; }
   BlockOwner owner(BlockId b) const { return owner_[b]; }
+  // Whether every block of [first, end) is owned by `o`.
+  bool AllOwnedBy(BlockId first, BlockId end, BlockOwner o) const {
+    return std::count(owner_.begin() + first, owner_.begin() + end, o) ==
+           end - first;
+  }
   PageCount pages(PageState s) const {
     return PageCount(state_pages_[static_cast<int>(s)]);
   }

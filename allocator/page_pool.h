@@ -413,8 +413,20 @@ class PagePool {
   bool FreeingLocked(BlockId b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (freeing_[b >> 6] >> (b & 63)) & 1;
   }
+  // The first marked block of [first, end), or -1.
+  BlockId FirstFreeingLocked(BlockId first, BlockId end) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: `ids` strictly ascending.
   void MarkFreeingLocked(absl::Span<const BlockId> ids, bool on)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks one step's ids (strictly ascending) for a Free: whether every one
+  // is shown allocated, and the first one another Free has marked (-1 if
+  // none). Runs that name the rest of a page are checked a page at a time.
+  struct FreeCheck {
+    bool valid = true;
+    BlockId busy = -1;
+  };
+  FreeCheck CheckStepLocked(absl::Span<const BlockId> ascending) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until block b is not marked.
   void AwaitNotFreeingLocked(BlockId b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

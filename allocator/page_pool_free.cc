@@ -62,14 +62,15 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
                geometry_.page_of(ascending.front()) <
            static_cast<PageId>(step_pages_));
   if (!repeated && !one_step) {
-    PageId last = -1;
+    // Ids below next_page are on the page of the last one counted: one
+    // division per page, not per id.
+    BlockId next_page = 0;
     size_t pages = 0;
     for (size_t i = 0; i < ascending.size(); ++i) {
       const BlockId b = ascending[i];
       if (b < 0 || b >= max_blocks) continue;  // refused below
-      const PageId p = geometry_.page_of(b);
-      if (p == last) continue;
-      last = p;
+      if (pages > 0 && b < next_page) continue;
+      next_page = geometry_.range(geometry_.page_of(b) + 1).begin;
       if (++pages > step_pages_) {
         cuts.push_back(i);
         pages = 1;
@@ -126,17 +127,9 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         bool valid = true;
         for (size_t k = 0; k < steps && valid && busy < 0; ++k) {
           if (k > 0) StepLocked();
-          for (BlockId b : step_ids(k)) {
-            if (b < 0 || b >= max_blocks ||
-                ShownOwnerLocked(b) != BlockOwner::kAllocated) {
-              valid = false;
-              break;
-            }
-            if (freeing_blocks_ > 0 && FreeingLocked(b)) {
-              busy = b;
-              break;
-            }
-          }
+          const FreeCheck check = CheckStepLocked(step_ids(k));
+          valid = check.valid;
+          busy = check.busy;
           // A step's ids are marked together once all of them passed
           // (the ids are distinct, so none can meet its own mark).
           if (stepped && valid && busy < 0) {
@@ -190,6 +183,66 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
   return result;
 }
 
+PagePool::FreeCheck PagePool::CheckStepLocked(
+    absl::Span<const BlockId> ascending) const {
+  FreeCheck check;
+  const int64_t max_blocks = geometry_.max_blocks();
+  // Ids below next_page are on page p: one division per page.
+  PageId p = -1;
+  BlockId next_page = 0;
+  for (size_t i = 0; i < ascending.size();) {
+    const BlockId b = ascending[i];
+    if (b < 0 || b >= max_blocks) {
+      check.valid = false;
+      return check;
+    }
+    if (p < 0 || b >= next_page) {
+      p = geometry_.page_of(b);
+      next_page = geometry_.range(p + 1).begin;
+      // The ids name the rest of p's usable blocks (what an Alloc handed
+      // out): the page is checked at once.
+      const PageLedger::Page& page = ledger_.page(p);
+      const size_t run = b >= page.begin && b < page.end
+                             ? static_cast<size_t>(page.end - b)
+                             : 0;
+      if (run > 1 && i + run <= ascending.size() &&
+          ascending[i + run - 1] == page.end - 1) {
+        if ((!committing_.empty() && UnshownLocked(p)) ||
+            !ledger_.AllOwnedBy(b, page.end, BlockOwner::kAllocated)) {
+          check.valid = false;
+          return check;
+        }
+        if (freeing_blocks_ > 0) {
+          check.busy = FirstFreeingLocked(b, page.end);
+          if (check.busy >= 0) return check;
+        }
+        i += run;
+        continue;
+      }
+    }
+    if (ShownOwnerLocked(b) != BlockOwner::kAllocated) {
+      check.valid = false;
+      return check;
+    }
+    if (freeing_blocks_ > 0 && FreeingLocked(b)) {
+      check.busy = b;
+      return check;
+    }
+    ++i;
+  }
+  return check;
+}
+
+BlockId PagePool::FirstFreeingLocked(BlockId first, BlockId end) const {
+  for (int64_t word = first >> 6; (word << 6) < end; ++word) {
+    uint64_t bits = freeing_[word];
+    if ((word << 6) < first) bits &= ~uint64_t{0} << (first & 63);
+    if (((word + 1) << 6) > end) bits &= ~uint64_t{0} >> (64 - (end & 63));
+    if (bits != 0) return (word << 6) + __builtin_ctzll(bits);
+  }
+  return -1;
+}
+
 BlockOwner PagePool::ShownOwnerLocked(BlockId b) const {
   if (!committing_.empty() && UnshownLocked(geometry_.page_of(b))) {
     return BlockOwner::kNone;  // shown as MAPPING still
@@ -200,16 +253,16 @@ BlockOwner PagePool::ShownOwnerLocked(BlockId b) const {
 void PagePool::MarkFreeingLocked(absl::Span<const BlockId> ids, bool on) {
   for (size_t i = 0; i < ids.size();) {
     const BlockId b = ids[i];
-    // The ids are strictly ascending: when the one that many places on is
-    // the last of b's word, every id up to it is named, a word's run at
-    // once.
-    const size_t to_word_end = static_cast<size_t>(64 - (b & 63));
+    // The ids are strictly ascending: when the one n places on is b + n,
+    // every id between is named, so the n ids up to the end of b's word
+    // (or of the span) take one mask.
+    const size_t n =
+        std::min(static_cast<size_t>(64 - (b & 63)), ids.size() - i);
     uint64_t mask = uint64_t{1} << (b & 63);
     size_t next = i + 1;
-    if (to_word_end > 1 && i + to_word_end <= ids.size() &&
-        ids[i + to_word_end - 1] == (b | 63)) {
-      mask = ~uint64_t{0} << (b & 63);
-      next = i + to_word_end;
+    if (n > 1 && ids[i + n - 1] == b + static_cast<BlockId>(n) - 1) {
+      mask = (n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1) << (b & 63);
+      next = i + n;
     }
     if (on) {
       freeing_[b >> 6] |= mask;

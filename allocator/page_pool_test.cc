@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -215,6 +216,50 @@ TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
   EXPECT_TRUE(pool.CheckInvariants().ok());
 }
 
+// A Free that names the rest of a page as one run is checked a page at a
+// time: one block of the run that is free, reserved, or the null block
+// refuses the whole call and frees nothing, in one step or in several.
+TEST_F(PagePoolTest, FreeOfWholePagesRefusesABlockNotAllocated) {
+  for (const int64_t step_pages : {1, 8}) {
+    SCOPED_TRACE(step_pages);
+    PoolConfig c = FourBlockPages(16);  // 4 pages: ids 0..15
+    c.reserve_null_block = true;        // block 0
+    PoolOptions o;
+    o.max_idle_pages = 4;
+    o.step_pages = step_pages;
+    auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+    ASSERT_TRUE(made.ok()) << made.status();
+    PagePool& pool = **made;
+    ASSERT_TRUE(pool.Alloc({9, "", "", {}}).ok());        // 1..9
+    auto held = pool.Reserve({2, absl::Seconds(5), ""});  // 10, 11
+    ASSERT_TRUE(held.ok()) << held.status();
+    ASSERT_TRUE(pool.Free({{6}, ""}).ok());
+    const CapacitySnapshot before = *pool.Capacity();
+    ASSERT_EQ(before.allocated_blocks.value(), 8);
+    const std::vector<std::pair<std::vector<BlockId>, FailureReason>> cases = {
+        {{0, 1, 2, 3}, FailureReason::kBlockNotAllocated},  // null block
+        {{4, 5, 6, 7}, FailureReason::kBlockNotAllocated},  // 6 is free
+        {{8, 9, 10, 11}, FailureReason::kBlockInReservation},
+        {{1, 2, 3, 4, 5, 6, 7}, FailureReason::kBlockNotAllocated},
+        {{1, 2, 3, 4, 5, 7, 8, 9, 10, 11}, FailureReason::kBlockInReservation},
+    };
+    for (const auto& [ids, reason] : cases) {
+      absl::StatusOr<FreeResult> r = pool.Free({ids, ""});
+      EXPECT_EQ(GetReason(r.status()), reason) << r.status();
+      const CapacitySnapshot after = *pool.Capacity();
+      EXPECT_EQ(after.allocated_blocks, before.allocated_blocks);
+      EXPECT_EQ(after.available_blocks, before.available_blocks);
+      EXPECT_EQ(after.generation, before.generation);
+      ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+    }
+    auto freed = pool.Free({{1, 2, 3, 4, 5, 7, 8, 9}, ""});
+    ASSERT_TRUE(freed.ok()) << freed.status();
+    EXPECT_EQ(freed->freed_blocks, 8);
+    EXPECT_EQ(pool.Capacity()->allocated_blocks.value(), 0);
+    ASSERT_TRUE(pool.Shutdown(/*force=*/true).ok());
+  }
+}
+
 // PoolOptions::step_pages sets the walk's step: at one page a Free of ids
 // on three pages pauses twice validating and once before returning them,
 // and a mapping Alloc of three pages pauses twice committing them.
@@ -246,6 +291,8 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
   std::vector<CapacitySnapshot> listed;
   std::vector<absl::Status> frees;
   std::vector<PageOccupancy> occupied;
+  std::vector<absl::Status> page_frees;
+  bool during_alloc = false;
   auto made = SteppedPool(64, 16, [&] {  // 16 pages
     auto k = self->Capacity({});
     ASSERT_TRUE(k.ok()) << k.status();
@@ -256,6 +303,9 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
     ASSERT_TRUE(l.ok()) << l.status();
     listed.push_back(*l);
     frees.push_back(self->Free({{0}, ""}).status());
+    if (during_alloc) {  // a whole page, checked a page at a time
+      page_frees.push_back(self->Free({{0, 1, 2, 3}, ""}).status());
+    }
     auto occupancy = self->GetPageOccupancy({0});
     ASSERT_TRUE(occupancy.ok()) << occupancy.status();
     occupied.push_back((*occupancy)[0]);
@@ -265,10 +315,13 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
   PagePool& pool = *made;
   self = &pool;
 
+  during_alloc = true;
   auto r = pool.Alloc({12, "", "", {}});
+  during_alloc = false;
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->pages_mapped, 3);
   ASSERT_EQ(seen.size(), 2u);
+  ASSERT_EQ(page_frees.size(), 2u);
   for (size_t i = 0; i < seen.size(); ++i) {
     SCOPED_TRACE(i);
     EXPECT_EQ(seen[i].allocated_blocks.value(), 0);
@@ -286,6 +339,8 @@ TEST_F(PagePoolTest, CapacityBetweenStepsShowsNoCallHalfDone) {
     EXPECT_EQ(occupied[i].allocated_blocks.value(), 0);
     EXPECT_EQ(GetReason(frees[i]), FailureReason::kBlockNotAllocated)
         << frees[i];
+    EXPECT_EQ(GetReason(page_frees[i]), FailureReason::kBlockNotAllocated)
+        << page_frees[i];
   }
   auto after = pool.Capacity({});
   ASSERT_TRUE(after.ok());
@@ -335,6 +390,49 @@ TEST_F(PagePoolTest, TrimRechecksIdlePagesAfterEachStep) {
   EXPECT_EQ(t->pages_unmapped, 1);
   ASSERT_TRUE(taken.ok()) << taken.status();
   EXPECT_EQ(taken->pages_mapped, 0);  // from the IDLE page Trim had not taken
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+// The waiting rule, step by step: while a Free of three whole pages pauses
+// between its steps, a second Free of the same ids finds them marked in its
+// first step and waits; it never gets as far as a pause of its own, and
+// once the first has returned them it is refused and frees nothing.
+TEST_F(PagePoolTest, SecondFreeOfMarkedPagesWaitsForTheFirst) {
+  std::atomic<bool> second_started{false};
+  std::atomic<int> pauses_of_second{0};
+  std::thread::id first_thread;
+  PagePool* self = nullptr;
+  std::vector<BlockId> ids;
+  absl::StatusOr<FreeResult> second;
+  std::thread other;
+  auto made = SteppedPool(16, 4, [&] {  // 4 pages
+    if (std::this_thread::get_id() != first_thread) {
+      ++pauses_of_second;
+      return;
+    }
+    if (second_started.exchange(true)) return;
+    other = std::thread([&] { second = self->Free({ids, ""}); });
+    // Long enough for the second Free to reach its first step; with the
+    // marks seen it waits there, without them it would pause here too.
+    absl::SleepFor(absl::Milliseconds(200));
+  });
+  ASSERT_NE(made, nullptr);
+  PagePool& pool = *made;
+  self = &pool;
+  auto r = pool.Alloc({12, "", "", {}});  // pages 0..2, whole
+  ASSERT_TRUE(r.ok()) << r.status();
+  ids = AllBlockIds(*r);
+  pauses_of_second = 0;  // the Alloc's commit paused too
+  first_thread = std::this_thread::get_id();
+  auto first = pool.Free({ids, ""});
+  ASSERT_TRUE(other.joinable());
+  other.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->freed_blocks, 12);
+  EXPECT_EQ(GetReason(second.status()), FailureReason::kBlockNotAllocated)
+      << second.status();
+  EXPECT_EQ(pauses_of_second.load(), 0);
+  EXPECT_EQ(pool.Capacity()->allocated_blocks.value(), 0);
   EXPECT_TRUE(pool.CheckInvariants().ok());
 }
 
