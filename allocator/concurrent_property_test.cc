@@ -56,14 +56,6 @@ int64_t Uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
 
-std::vector<BlockId> Flatten(const std::vector<PageBlocks>& pages) {
-  std::vector<BlockId> ids;
-  for (const PageBlocks& pb : pages) {
-    ids.insert(ids.end(), pb.block_ids.begin(), pb.block_ids.end());
-  }
-  return ids;
-}
-
 // Ids held by some thread, and what went wrong.
 class Books {
  public:
@@ -181,7 +173,7 @@ class Caller {
     auto r = pool_->Alloc(req);
     if (!r.ok())
       return CheckRefusal(r.status(), absl::StrCat("Alloc(", n, ")"));
-    std::vector<BlockId> ids = Flatten(r->pages);
+    std::vector<BlockId> ids = AllBlockIds(*r);
     Check(static_cast<int64_t>(ids.size()) == n, "Alloc: wrong count");
     books_->Take(ids, "Alloc");
     allocated_.insert(allocated_.end(), ids.begin(), ids.end());
@@ -206,7 +198,7 @@ class Caller {
     if (!r.ok()) {
       return CheckRefusal(r.status(), absl::StrCat("Reserve(", n, ")"));
     }
-    std::vector<BlockId> ids = Flatten(r->pages);
+    std::vector<BlockId> ids = AllBlockIds(r->pages);
     std::sort(ids.begin(), ids.end());
     Check(static_cast<int64_t>(ids.size()) == n, "Reserve: wrong count");
     books_->Take(ids, "Reserve");
@@ -225,7 +217,7 @@ class Caller {
       return CheckRefusal(r.status(), "Alloc(reservation)",
                           /*reservation=*/true);
     }
-    std::vector<BlockId> ids = Flatten(r->pages);
+    std::vector<BlockId> ids = AllBlockIds(*r);
     std::set<BlockId> mine(h.blocks.begin(), h.blocks.end());
     std::vector<BlockId> fresh;
     int64_t from_reservation = 0;
@@ -389,7 +381,7 @@ void RunSeed(uint64_t seed) {
   exact.num_blocks = c;
   auto got = pool.Alloc(exact);
   ASSERT_TRUE(got.ok()) << "Alloc(c) with c=" << c << ": " << got.status();
-  std::vector<BlockId> ids = Flatten(got->pages);
+  std::vector<BlockId> ids = AllBlockIds(*got);
   EXPECT_EQ(static_cast<int64_t>(ids.size()), c);
   EXPECT_EQ(std::set<BlockId>(ids.begin(), ids.end()).size(), ids.size());
   ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
@@ -450,7 +442,7 @@ void CheckBetweenSteps(Stepping* st) {
       fail(
           absl::StrCat("Alloc(c) with c = ", c, ": ", got.status().ToString()));
     } else if (c > 0) {
-      const std::vector<BlockId> ids = Flatten(got->pages);
+      const std::vector<BlockId> ids = AllBlockIds(*got);
       FreeRequest back;
       back.block_ids = ids;
       if (auto f = pool.Free(back); !f.ok()) fail(f.status().ToString());
@@ -520,7 +512,7 @@ TEST(ConcurrentPropertyTest, CallerBetweenStepsSeesAnExactPool) {
     // Their blocks validated eight pages at a time (4 pauses), then
     // returned in one step (1 pause before it); every page stays IDLE.
     st.steps = 0;
-    const std::vector<BlockId> ids = Flatten(got->pages);
+    const std::vector<BlockId> ids = AllBlockIds(*got);
     FreeRequest back;
     back.block_ids = ids;
     auto freed = pool.Free(back);
@@ -581,7 +573,7 @@ TEST(ConcurrentPropertyTest, TwoFreesOfTheSameIdsFreeThemOnce) {
     all.num_blocks = kPages * kPerPage;
     auto got = pool.Alloc(all);
     ASSERT_TRUE(got.ok()) << got.status();
-    const std::vector<BlockId> ids = Flatten(got->pages);
+    const std::vector<BlockId> ids = AllBlockIds(*got);
     FreeRequest back;
     back.block_ids = ids;
     absl::StatusOr<FreeResult> results[2];

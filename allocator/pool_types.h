@@ -106,14 +106,19 @@ struct AllocResult {
   int64_t pages_mapped = 0;  // pages this call mapped
 };
 
-// Every block id of `r`, in page order.
-inline std::vector<BlockId> AllBlockIds(const AllocResult& r) {
+// Every block id of `pages`, in page order.
+inline std::vector<BlockId> AllBlockIds(const std::vector<PageBlocks>& pages) {
+  size_t n = 0;
+  for (const PageBlocks& pb : pages) n += pb.block_ids.size();
   std::vector<BlockId> out;
-  out.reserve(static_cast<size_t>(r.num_blocks));
-  for (const PageBlocks& pb : r.pages) {
+  out.reserve(n);
+  for (const PageBlocks& pb : pages) {
     out.insert(out.end(), pb.block_ids.begin(), pb.block_ids.end());
   }
   return out;
+}
+inline std::vector<BlockId> AllBlockIds(const AllocResult& r) {
+  return AllBlockIds(r.pages);
 }
 
 struct FreeRequest {

@@ -68,14 +68,6 @@ int64_t Uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
 
-std::vector<BlockId> Flatten(const std::vector<PageBlocks>& pages) {
-  std::vector<BlockId> ids;
-  for (const PageBlocks& pb : pages) {
-    ids.insert(ids.end(), pb.block_ids.begin(), pb.block_ids.end());
-  }
-  return ids;
-}
-
 PoolConfig Pool(std::string name, int64_t page, int64_t block, int64_t n,
                 std::vector<int> devices, bool null_block = false) {
   PoolConfig c;
@@ -243,7 +235,7 @@ class Worker {
     Count("Alloc", r.status());
     if (!r.ok())
       return CheckRefusal(r.status(), absl::StrCat("Alloc(", n, ")"));
-    std::vector<BlockId> ids = Flatten(r->pages);
+    std::vector<BlockId> ids = AllBlockIds(*r);
     Check(static_cast<int64_t>(ids.size()) == n, "Alloc returned wrong count");
     CheckUsable(p, ids, "Alloc");
     s_->Take(p, ids, "Alloc");
@@ -271,7 +263,7 @@ class Worker {
     if (!r.ok()) {
       return CheckRefusal(r.status(), absl::StrCat("Reserve(", n, ")"));
     }
-    std::vector<BlockId> ids = Flatten(r->pages);
+    std::vector<BlockId> ids = AllBlockIds(r->pages);
     std::sort(ids.begin(), ids.end());
     Check(static_cast<int64_t>(ids.size()) == n, "Reserve: wrong count");
     CheckUsable(p, ids, "Reserve");
@@ -294,7 +286,7 @@ class Worker {
           r.status(), absl::StrCat("Alloc(", n, ", reservation of ", size, ")"),
           /*reservation=*/true);
     }
-    std::vector<BlockId> ids = Flatten(r->pages);
+    std::vector<BlockId> ids = AllBlockIds(*r);
     Check(static_cast<int64_t>(ids.size()) == n,
           "Alloc(reservation) returned wrong count");
     CheckUsable(h.pool, ids, "Alloc(reservation)");
@@ -462,7 +454,7 @@ TEST(StressTest, ConcurrentOperationsKeepOwnershipAndExactCapacity) {
       exact.num_blocks = c;
       auto got = pool.Alloc(exact);
       ASSERT_TRUE(got.ok()) << "Alloc(c) with c=" << c << ": " << got.status();
-      std::vector<BlockId> ids = Flatten(got->pages);
+      std::vector<BlockId> ids = AllBlockIds(*got);
       EXPECT_EQ(static_cast<int64_t>(ids.size()), c);
       EXPECT_EQ(std::set<BlockId>(ids.begin(), ids.end()).size(), ids.size());
       EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
