@@ -61,6 +61,7 @@ class ABSL_LOCKABLE SpinThenLock {
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (mu_.TryLock()) return;
+    ++contended_on_this_thread_;
     waiters_.fetch_add(1, std::memory_order_relaxed);
     if (!SpinUntil([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
           return mu_.TryLock();
@@ -81,6 +82,13 @@ class ABSL_LOCKABLE SpinThenLock {
   void Await(const absl::Condition& cond)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     mu_.Await(cond);
+  }
+
+  // How many times the calling thread found a SpinThenLock held when it
+  // asked for it (any lock of the process): lets a benchmark tell the calls
+  // that waited from those that did not.
+  static int64_t contended_on_this_thread() {
+    return contended_on_this_thread_;
   }
 
   // Whether a thread has found the lock held and is waiting for it (spinning
@@ -132,6 +140,7 @@ class ABSL_LOCKABLE SpinThenLock {
 
   // The spin bound in nanoseconds, for every lock of the process.
   static inline std::atomic<int64_t> spin_ns_{kDefaultSpinBoundNs};
+  static inline thread_local int64_t contended_on_this_thread_ = 0;
 
   absl::Mutex mu_;
   // Threads inside Lock() that did not get the lock at once.
