@@ -30,6 +30,10 @@ void PagePool::WithoutLock(absl::FunctionRef<void()> work)
   mu_.Lock();
 }
 
+bool PagePool::StepDueLocked() const {
+  return options_.between_steps != nullptr || mu_.HasWaiters();
+}
+
 void PagePool::StepLocked() {
   if (options_.between_steps) {
     WithoutLock([this] { options_.between_steps(); });
@@ -129,7 +133,9 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
       step_start = CommitCountsLocked();
     }
     for (size_t i = 0; i < fresh.size(); ++i) {
-      if (i > 0 && i % step_pages_ == 0) {
+      // The bookkeeping of a step is done only where the lock is released
+      // (the counts since the last release are hidden together).
+      if (i > 0 && i % step_pages_ == 0 && StepDueLocked()) {
         CommitCounts step = CommitCountsLocked();
         step -= step_start;
         unshown += step;

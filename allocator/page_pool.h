@@ -302,10 +302,15 @@ class PagePool {
   void WithoutLock(absl::FunctionRef<void()> work)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Between two steps of a long locked walk (docs/design.md, "Bounded lock
-  // hold"): publishes, lets a waiting call take the lock, and retakes it.
+  // hold"): when a call waits for the lock, publishes, lets it take the
+  // lock, and retakes it; otherwise does nothing.
   // The caller holds calls_in_flight_ while it steps, so that a limit or a
   // shutdown waits for it, and leaves every invariant true.
   void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether StepLocked would release the lock now (a thread waits for it,
+  // or the between_steps hook is set): a walk skips a step's bookkeeping
+  // where it would not.
+  bool StepDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- refusals ---
   // Whether a refusal is counted in PoolStats::outcomes: yes in Alloc, Free
