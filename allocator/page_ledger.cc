@@ -141,11 +141,7 @@ void PageLedger::SetFreeBits(PageId p, bool on) {
   Page& page = pages_[p];
   // A word at a time, masked to the page's range.
   for (int64_t word = page.begin >> 6; (word << 6) < page.end; ++word) {
-    uint64_t mask = ~uint64_t{0};
-    if ((word << 6) < page.begin) mask &= ~uint64_t{0} << (page.begin & 63);
-    if (((word + 1) << 6) > page.end) {
-      mask &= ~uint64_t{0} >> (64 - (page.end & 63));
-    }
+    const uint64_t mask = WordMask(word, page.begin, page.end);
     if (on) {
       free_bits_[word] |= mask;
     } else {
@@ -172,11 +168,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
   // lowest first, store the word back once.
   for (int64_t word = page.begin >> 6; taken < n && (word << 6) < page.end;
        ++word) {
-    uint64_t bits = free_bits_[word];
-    if ((word << 6) < page.begin) bits &= ~uint64_t{0} << (page.begin & 63);
-    if (((word + 1) << 6) > page.end) {
-      bits &= ~uint64_t{0} >> (64 - (page.end & 63));
-    }
+    uint64_t bits = free_bits_[word] & WordMask(word, page.begin, page.end);
     if (bits == ~uint64_t{0} && n - taken >= 64) {  // a whole word
       const BlockId first = word << 6;
       std::fill_n(owner_.begin() + first, 64, owner);
@@ -379,10 +371,7 @@ PageIds PageLedger::ReturnBlocks(absl::Span<const BlockId> ascending) {
       std::fill(owner_.begin() + first, owner_.begin() + end,
                 BlockOwner::kNone);
       for (int64_t word = first >> 6; (word << 6) < end; ++word) {
-        uint64_t mask = ~uint64_t{0};
-        if ((word << 6) < first) mask &= ~uint64_t{0} << (first & 63);
-        if (((word + 1) << 6) > end) mask &= ~uint64_t{0} >> (64 - (end & 63));
-        free_bits_[word] |= mask;
+        free_bits_[word] |= WordMask(word, first, end);
       }
       i = run;
     }

@@ -64,6 +64,15 @@ enum class PageState : uint8_t {
   kEmpty,
 };
 inline constexpr int kPageStates = 7;
+
+// The bits of word `word` of a per-block bitmap (64 blocks a word) that
+// stand for blocks in [first, end). REQUIRES: the word overlaps the range.
+inline uint64_t WordMask(int64_t word, BlockId first, BlockId end) {
+  uint64_t mask = ~uint64_t{0};
+  if ((word << 6) < first) mask &= ~uint64_t{0} << (first & 63);
+  if (((word + 1) << 6) > end) mask &= ~uint64_t{0} >> (64 - (end & 63));
+  return mask;
+}
 const char* PageStateName(PageState s);
 
 // Who holds a block. Free blocks of mapped pages also have their free bit set.

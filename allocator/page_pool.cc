@@ -35,14 +35,14 @@ bool PagePool::StepDueLocked() const {
 }
 
 void PagePool::StepLocked() {
+  // With nobody waiting, releasing the lock would let no call in; the
+  // publication then waits for the call's own release, so that readers of
+  // the published counters keep seeing the state before the call.
+  if (!StepDueLocked()) return;
   if (options_.between_steps) {
     WithoutLock([this] { options_.between_steps(); });
     return;
   }
-  // With nobody waiting, releasing the lock would let no call in; the
-  // publication then waits for the call's own release, so that readers of
-  // the published counters keep seeing the state before the call.
-  if (!mu_.HasWaiters()) return;
   PublishLocked();
   mu_.Yield();  // a call waiting for the lock goes first
 }

@@ -235,9 +235,7 @@ PagePool::FreeCheck PagePool::CheckStepLocked(
 
 BlockId PagePool::FirstFreeingLocked(BlockId first, BlockId end) const {
   for (int64_t word = first >> 6; (word << 6) < end; ++word) {
-    uint64_t bits = freeing_[word];
-    if ((word << 6) < first) bits &= ~uint64_t{0} << (first & 63);
-    if (((word + 1) << 6) > end) bits &= ~uint64_t{0} >> (64 - (end & 63));
+    const uint64_t bits = freeing_[word] & WordMask(word, first, end);
     if (bits != 0) return (word << 6) + __builtin_ctzll(bits);
   }
   return -1;
