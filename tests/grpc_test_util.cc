@@ -131,8 +131,24 @@ std::shared_ptr<grpc::Channel> Rig::Channel(Transport transport) const {
   // A connection of its own, not shared with other channels to the target.
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
-                                   args);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      target, grpc::InsecureChannelCredentials(), args);
+  // Handed out connected. The tests are about calls: a call on a channel
+  // whose first connection attempt failed fails at once with UNAVAILABLE
+  // until the reconnect backoff has passed, and under CI load one such
+  // attempt failed ("failed to connect to all addresses ... No such file
+  // or directory") and with it every call of two of concurrency_test's
+  // clients. Here a failed attempt is retried; a daemon that cannot be
+  // reached for 30 s still fails the test.
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::seconds(30);
+  if (!channel->WaitForConnected(deadline)) {
+    ADD_FAILURE() << "no connection to " << target << " within 30 s (state "
+                  << channel->GetState(false) << ")";
+  }
+  return channel;
 }
 
 void Rig::LeaveFree(int device, Bytes free) {

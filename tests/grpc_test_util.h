@@ -90,7 +90,8 @@ class Rig {
   explicit Rig(RigOptions options = {});
   ~Rig();
 
-  // A new channel to the daemon over `transport`.
+  // A new channel to the daemon over `transport`, already connected (a
+  // failed first attempt is retried for up to 30 s).
   std::shared_ptr<grpc::Channel> Channel(Transport transport) const;
 
   // Leaves exactly `free` bytes of `device` unused by "other processes" and
