@@ -34,6 +34,11 @@ constexpr char kPool[] = "busy";
 constexpr int kClients = 8;
 constexpr int kChannels = 4;  // two TCP, two Unix
 constexpr int kSteps = 250;
+// The device holds kDeviceBytes / kPageBytes bundles, far fewer than the
+// pool's 512 pages, so the device bounds what is available.
+constexpr int64_t kDeviceBytes = 160 * kMiB;
+constexpr int64_t kPageBytes = 2 * kMiB;
+constexpr int64_t kBlockBytes = 256 * kKiB;
 
 // Which client holds each block id, across all clients.
 class Ledger {
@@ -140,7 +145,7 @@ void RunClient(int id, Client& client, Ledger& ledger,
 
 TEST(ConcurrencyTest, ManyClientsOverSeveralChannels) {
   RigOptions options;
-  options.host.device_total = MiB(160);  // 80 bundles for 512 pages
+  options.host.device_total = Bytes(kDeviceBytes);
   options.start_worker = true;           // prealloc races with the clients
   options.min_idle_pages = 2;
   options.max_idle_pages = 4;
@@ -148,7 +153,7 @@ TEST(ConcurrencyTest, ManyClientsOverSeveralChannels) {
   ASSERT_NE(rig.daemon, nullptr);
   {
     Client admin(rig.Channel(Transport::kTcp));
-    v1::PoolSpec spec = Spec(kPool, MiB(2), KiB(256), 4096);  // 512 pages
+    v1::PoolSpec spec = Spec(kPool, Bytes(kPageBytes), Bytes(kBlockBytes), 4096);
     spec.clear_min_idle_pages();
     spec.clear_max_idle_pages();
     ASSERT_TRUE(admin.CreatePool(spec).ok());
@@ -210,10 +215,10 @@ TEST(ConcurrencyTest, ManyClientsOverSeveralChannels) {
   const v1::CapacitySnapshot end = observer.Cap(kPool);
   EXPECT_EQ(end.allocated_blocks(), 0);
   EXPECT_EQ(end.reserved_blocks(), 0);
-  // At rest every page the device affords is available: its 80 bundles,
-  // 8 blocks each. (The start was read with the worker running, so it may
-  // have missed a page in flight.)
-  EXPECT_EQ(end.available_blocks(), 80 * 8);
+  // At rest every page the device affords is available. (The start was
+  // read with the worker running, so it may have missed a page in flight.)
+  EXPECT_EQ(end.available_blocks(),
+            (kDeviceBytes / kPageBytes) * (kPageBytes / kBlockBytes));
   EXPECT_LE(start.available_blocks(), end.available_blocks());
   EXPECT_EQ(end.pages().open_pages() + end.pages().full_pages(), 0);
   EXPECT_TRUE(end.healthy());
