@@ -294,7 +294,9 @@ grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
         KVB_RETURN_IF_ERROR(SameIncarnation(pool, request.pool_uid()));
         KVB_RETURN_IF_ERROR(
             CheckReplyFits(request.num_blocks(), pool.geometry()));
-        KVB_RETURN_IF_ERROR(Reply(pool.Alloc(FromProto(request)), response));
+        absl::StatusOr<AllocResult> result = pool.Alloc(FromProto(request));
+        if (!result.ok()) return result.status();
+        ToProto(*result, response, request.block_runs());
         response->set_pool_uid(pool.uid());
         return absl::OkStatus();
       });
@@ -306,7 +308,11 @@ grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
   return OnPool(
       ctx, "Free", request.pool(), CheckBounds(request), [&](PagePool& pool) {
         KVB_RETURN_IF_ERROR(SameIncarnation(pool, request.pool_uid()));
-        return Reply(pool.Free(FromProto(request)), response);
+        std::vector<int64_t> expanded;
+        absl::StatusOr<FreeRequest> free =
+            FromProto(request, kMaxBlockIdsPerCall, &expanded);
+        if (!free.ok()) return free.status();
+        return Reply(pool.Free(*free), response);
       });
 }
 

@@ -2,6 +2,12 @@
 
 #include "server/proto_convert.h"
 
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/failure.h"
+
 namespace kvbroker {
 
 PoolConfig FromProto(const v1::PoolSpec& spec) {
@@ -138,6 +144,41 @@ void ToProto(const std::vector<PageBlocks>& pages,
   }
 }
 
+absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
+                             absl::string_view field, int64_t max_ids,
+                             std::vector<int64_t>* ids) {
+  auto refuse = [&](std::string why) {
+    return MakeFailure(FailureReason::kInvalidArgument,
+                       absl::StrCat(field, ": ", why, "; nothing was freed"),
+                       {{"field", std::string(field)}},
+                       {{std::string(field), why}});
+  };
+  if (runs.size() % 2 != 0) {
+    return refuse(absl::StrCat(runs.size(),
+                               " values do not make (first, count) pairs"));
+  }
+  const int64_t before = static_cast<int64_t>(ids->size());
+  int64_t total = before;
+  for (size_t i = 0; i < runs.size(); i += 2) {
+    const int64_t first = runs[i], count = runs[i + 1];
+    // Which ids are blocks of the pool is the pool's to say, as for
+    // block_ids; a run only has to name ids that exist.
+    if (count < 1 || first > std::numeric_limits<int64_t>::max() - (count - 1)) {
+      return refuse(absl::StrCat("run (", first, ", ", count,
+                                 ") names no ids or ids past 2^63 - 1"));
+    }
+    if (count > max_ids - total) {
+      return refuse(absl::StrCat("more than ", max_ids, " blocks in one call"));
+    }
+    total += count;
+  }
+  ids->reserve(static_cast<size_t>(total));
+  for (size_t i = 0; i < runs.size(); i += 2) {
+    for (int64_t k = 0; k < runs[i + 1]; ++k) ids->push_back(runs[i] + k);
+  }
+  return absl::OkStatus();
+}
+
 void ToProto(const PageOccupancy& o, v1::PageOccupancy* out) {
   out->set_page_id(o.page_id);
   out->set_usable_blocks(o.usable_blocks.value());
@@ -186,6 +227,18 @@ FreeRequest FromProto(const v1::FreeRequest& request) {
   return free;
 }
 
+absl::StatusOr<FreeRequest> FromProto(const v1::FreeRequest& request,
+                                      int64_t max_ids,
+                                      std::vector<int64_t>* storage) {
+  FreeRequest free = FromProto(request);
+  if (request.block_runs().empty()) return free;
+  storage->assign(request.block_ids().begin(), request.block_ids().end());
+  KVB_RETURN_IF_ERROR(ExpandBlockRuns(request.block_runs(), "block_runs",
+                                      max_ids, storage));
+  free.block_ids = *storage;
+  return free;
+}
+
 ReserveRequest FromProto(const v1::ReserveRequest& request) {
   ReserveRequest reserve;
   reserve.num_blocks = request.num_blocks();
@@ -194,8 +247,16 @@ ReserveRequest FromProto(const v1::ReserveRequest& request) {
   return reserve;
 }
 
-void ToProto(const AllocResult& result, v1::AllocResponse* out) {
-  ToProto(result.pages, out->mutable_pages());
+void ToProto(const AllocResult& result, v1::AllocResponse* out,
+             bool as_runs) {
+  if (as_runs) {
+    // Pages come in ascending order, each page's ids ascending.
+    for (const PageBlocks& p : result.pages) {
+      AppendAscendingBlockRuns(p.block_ids, out->mutable_block_runs());
+    }
+  } else {
+    ToProto(result.pages, out->mutable_pages());
+  }
   out->set_num_blocks(result.num_blocks);
   out->set_generation(result.generation);
   out->set_replayed(result.replayed);

@@ -14,11 +14,17 @@
 #ifndef KVBROKER_SERVER_PROTO_CONVERT_H_
 #define KVBROKER_SERVER_PROTO_CONVERT_H_
 
+#include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "allocator/geometry.h"
 #include "allocator/page_pool.h"
+#include "common/block_runs.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
 
 namespace kvbroker {
@@ -34,6 +40,14 @@ void ToProto(const LimitInfo& limit, v1::MemoryLimit* out);
 void ToProto(const CapacitySnapshot& snapshot, v1::CapacitySnapshot* out);
 void ToProto(const std::vector<PageBlocks>& pages,
              google::protobuf::RepeatedPtrField<v1::PageBlocks>* out);
+
+// Appends the ids that block runs (common/block_runs.h) name to `*ids`. INVALID_ARGUMENT naming `field`,
+// with `*ids` unchanged, for an odd number of values, a count below 1, a
+// run past the largest int64, or more than `max_ids` ids in `*ids`
+// afterwards. Whether the ids are blocks of a pool is the pool's check.
+absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
+                             absl::string_view field, int64_t max_ids,
+                             std::vector<int64_t>* ids);
 void ToProto(const PageOccupancy& occupancy, v1::PageOccupancy* out);
 
 // The pool's spec, derived geometry and `capacity`.
@@ -47,11 +61,18 @@ void ToProto(absl::Time t, google::protobuf::Timestamp* out);
 // Requests. FreeRequest views the message's block ids: `request` must
 // outlive the returned value.
 AllocRequest FromProto(const v1::AllocRequest& request);
-FreeRequest FromProto(const v1::FreeRequest& request);
+// A Free of block_ids and block_runs together, at most `max_ids` blocks
+// (ExpandBlockRuns' refusals). Without runs the result views the message's
+// block_ids; with them, `*storage`, which must outlive it.
+absl::StatusOr<FreeRequest> FromProto(const v1::FreeRequest& request,
+                                      int64_t max_ids,
+                                      std::vector<int64_t>* storage);
 ReserveRequest FromProto(const v1::ReserveRequest& request);
 
-// Results.
-void ToProto(const AllocResult& result, v1::AllocResponse* out);
+// Results. An Alloc's blocks as AllocResponse.block_runs instead of pages
+// when `as_runs` (AllocRequest.block_runs).
+void ToProto(const AllocResult& result, v1::AllocResponse* out,
+             bool as_runs = false);
 void ToProto(const FreeResult& result, v1::FreeResponse* out);
 void ToProto(const ReservationInfo& result, v1::ReserveResponse* out);
 void ToProto(const ReleaseResult& result, v1::ReleaseReservationResponse* out);

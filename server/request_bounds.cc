@@ -90,7 +90,12 @@ absl::Status CheckBounds(const v1::FreeRequest& request) {
       CheckString("request_id", request.request_id(), kMaxRequestIdBytes));
   KVB_RETURN_IF_ERROR(
       CheckString("pool_uid", request.pool_uid(), kMaxPoolUidBytes));
-  return CheckList("block_ids", request.block_ids_size(), kMaxBlockIdsPerCall);
+  KVB_RETURN_IF_ERROR(
+      CheckList("block_ids", request.block_ids_size(), kMaxBlockIdsPerCall));
+  // Two values per run; the blocks they name are bounded where they are
+  // expanded (proto_convert.h, ExpandBlockRuns).
+  return CheckList("block_runs", request.block_runs_size(),
+                   2 * kMaxBlockIdsPerCall);
 }
 
 absl::Status CheckBounds(const v1::ReserveRequest& request) {

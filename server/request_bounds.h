@@ -16,6 +16,7 @@
 //             GetPageOccupancy)                    kMaxPoolUidBytes
 //   PoolSpec.devices                               kMaxDevicesPerPool
 //   Free.block_ids                                 kMaxBlockIdsPerCall
+//   Free.block_runs: values / blocks named         2 x / 1 x kMaxBlockIdsPerCall
 //   GetPageOccupancy.page_ids                      kMaxPageIdsPerCall
 //   Reserve.ttl                                    (0, kMaxReservationTtl]
 //   Alloc / Reserve num_blocks                     MaxBlocksPerReply(pool)

@@ -125,6 +125,60 @@ TEST_P(GrpcBounds, ListsAreBounded) {
   EXPECT_EQ(c().ListPools()->pools_size(), 1);
 }
 
+// Block runs over gRPC: an Alloc that asks for them is answered with one
+// (first, count) pair per stretch of consecutive ids; a Free naming runs beside
+// ids frees both, and runs that are malformed or name more blocks than a
+// call may free are refused with nothing freed.
+TEST_P(GrpcBounds, BlockRunsAreExpandedWithinTheBound) {
+  v1::AllocRequest alloc;
+  alloc.set_pool("p");
+  alloc.set_num_blocks(6);
+  alloc.set_block_runs(true);
+  auto got = c().Alloc(alloc);
+  ASSERT_TRUE(got.ok()) << got.status.error_message();
+  // 4 blocks per page: page 0 whole and 2 of page 1, as one run.
+  EXPECT_EQ(got->pages_size(), 0);
+  EXPECT_EQ(got->num_blocks(), 6);
+  EXPECT_EQ(std::vector<int64_t>(got->block_runs().begin(),
+                                 got->block_runs().end()),
+            (std::vector<int64_t>{0, 6}));
+  const uint64_t generation = c().Cap("p").generation();
+
+  auto free_of = [](std::vector<int64_t> ids, std::vector<int64_t> runs) {
+    v1::FreeRequest r;
+    r.set_pool("p");
+    r.mutable_block_ids()->Add(ids.begin(), ids.end());
+    r.mutable_block_runs()->Add(runs.begin(), runs.end());
+    return r;
+  };
+  auto refused_as = [&](const v1::FreeRequest& r, FailureReason reason) {
+    auto reply = c().Free(r);
+    EXPECT_TRUE(IsRefusal(reply.status, reason))
+        << reply.status.error_code() << " " << reply.status.error_message();
+    return Metadata(reply.status)["field"];
+  };
+  EXPECT_EQ(refused_as(free_of({}, {0, 2, 4}), FailureReason::kInvalidArgument),
+            "block_runs");
+  EXPECT_EQ(refused_as(free_of({}, {0, 0}), FailureReason::kInvalidArgument),
+            "block_runs");
+  EXPECT_EQ(refused_as(free_of({5}, {0, 1 << 20}),
+                       FailureReason::kInvalidArgument),
+            "block_runs");
+  ExpectTooLong(
+      c().Free(free_of({}, std::vector<int64_t>((2 << 20) + 2, 1))).status,
+      "block_runs");
+  refused_as(free_of({0}, {0, 2}), FailureReason::kInvalidArgument);
+  refused_as(free_of({}, {0, 7}), FailureReason::kBlockNotAllocated);
+  const v1::CapacitySnapshot unchanged = c().Cap("p");
+  EXPECT_EQ(unchanged.generation(), generation);
+  EXPECT_EQ(unchanged.allocated_blocks(), 6);
+
+  auto freed = c().Free(free_of({5}, {0, 3, 3, 2}));
+  ASSERT_TRUE(freed.ok()) << freed.status.error_message();
+  EXPECT_EQ(freed->freed_blocks(), 6);
+  ExpectUnchanged(c().Cap("p").generation());
+}
+
 TEST_P(GrpcBounds, ReservationTtlIsBounded) {
   const uint64_t generation = c().Cap("p").generation();
   v1::ReserveRequest r;

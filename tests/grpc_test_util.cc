@@ -218,6 +218,10 @@ Reply<v1::FreeResponse> Client::Free(const std::string& pool,
   return Call(&v1::KvBroker::Stub::Free, stub(), r);
 }
 
+Reply<v1::FreeResponse> Client::Free(const v1::FreeRequest& request) {
+  return Call(&v1::KvBroker::Stub::Free, stub(), request);
+}
+
 Reply<v1::ReserveResponse> Client::Reserve(const std::string& pool, int64_t n,
                                            absl::Duration ttl,
                                            const std::string& request_id) {

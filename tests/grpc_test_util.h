@@ -134,6 +134,7 @@ class Client {
   Reply<v1::FreeResponse> Free(const std::string& pool,
                                const std::vector<int64_t>& ids,
                                const std::string& request_id = "");
+  Reply<v1::FreeResponse> Free(const v1::FreeRequest& request);
   Reply<v1::ReserveResponse> Reserve(const std::string& pool, int64_t n,
                                      absl::Duration ttl = absl::Seconds(30),
                                      const std::string& request_id = "");

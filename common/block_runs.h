@@ -1,0 +1,81 @@
+// Block runs: a list of block ids written as pairs (first, count), each
+// naming first .. first + count - 1 (kvbroker.v1 AllocResponse.block_runs
+// and FreeRequest.block_runs). An Alloc of whole pages is one pair instead
+// of a varint per block and a message per page, which is what the engine's
+// hot path and the daemon's spend most on for large calls
+// (bench/RESULTS.md, "Block runs on the session"). Expanding a caller's
+// runs, with its bounds, is the daemon's (server/proto_convert.h,
+// ExpandBlockRuns).
+#ifndef KVBROKER_COMMON_BLOCK_RUNS_H_
+#define KVBROKER_COMMON_BLOCK_RUNS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "absl/types/span.h"
+#include "google/protobuf/repeated_field.h"
+
+namespace kvbroker {
+
+using BlockRunList = google::protobuf::RepeatedField<int64_t>;
+
+// Appends the run first .. first + count - 1 (count >= 1) to `*runs`,
+// extending the last pair instead when the run continues it.
+inline void AppendBlockRun(int64_t first, int64_t count, BlockRunList* runs) {
+  const int n = runs->size();
+  if (n >= 2 &&
+      (*runs)[n - 2] <= std::numeric_limits<int64_t>::max() - (*runs)[n - 1] &&
+      (*runs)[n - 2] + (*runs)[n - 1] == first) {
+    runs->Set(n - 1, (*runs)[n - 1] + count);
+    return;
+  }
+  runs->Add(first);
+  runs->Add(count);
+}
+
+// Appends `ids`, in the order given, one pair per stretch of consecutive
+// ids (merged with the last pair already there when it continues it):
+// expanding the pairs gives the ids back exactly.
+inline void AppendBlockRuns(absl::Span<const int64_t> ids, BlockRunList* runs) {
+  size_t i = 0;
+  while (i < ids.size()) {
+    size_t end = i + 1;
+    while (end < ids.size() &&
+           ids[end - 1] < std::numeric_limits<int64_t>::max() &&
+           ids[end] == ids[end - 1] + 1) {
+      ++end;
+    }
+    AppendBlockRun(ids[i], static_cast<int64_t>(end - i), runs);
+    i = end;
+  }
+}
+
+// The same for ids known to be ascending and distinct (one page of an
+// Alloc): a stretch without gaps is told from its ends alone.
+inline void AppendAscendingBlockRuns(absl::Span<const int64_t> ids,
+                                     BlockRunList* runs) {
+  if (ids.empty()) return;
+  const int64_t size = static_cast<int64_t>(ids.size());
+  if (ids.back() - ids.front() == size - 1) {
+    AppendBlockRun(ids.front(), size, runs);
+  } else {
+    AppendBlockRuns(ids, runs);
+  }
+}
+
+// How many pairs AppendBlockRuns writes for `ids` into an empty list.
+inline size_t CountBlockRuns(absl::Span<const int64_t> ids) {
+  size_t runs = ids.empty() ? 0 : 1;
+  for (size_t i = 1; i < ids.size(); ++i) {
+    if (ids[i - 1] == std::numeric_limits<int64_t>::max() ||
+        ids[i] != ids[i - 1] + 1) {
+      ++runs;
+    }
+  }
+  return runs;
+}
+
+}  // namespace kvbroker
+
+#endif  // KVBROKER_COMMON_BLOCK_RUNS_H_

@@ -1,0 +1,86 @@
+// AppendBlockRuns: stretches of consecutive ids become one pair each, in
+// the order given, so that expanding the pairs gives the ids back; a run
+// that continues the last pair extends it.
+
+#include "common/block_runs.h"
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvbroker {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+std::vector<int64_t> Runs(const std::vector<int64_t>& ids) {
+  BlockRunList runs;
+  AppendBlockRuns(ids, &runs);
+  return {runs.begin(), runs.end()};
+}
+
+std::vector<int64_t> Expand(const std::vector<int64_t>& runs) {
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i + 1 < runs.size(); i += 2) {
+    for (int64_t k = 0; k < runs[i + 1]; ++k) ids.push_back(runs[i] + k);
+  }
+  return ids;
+}
+
+TEST(BlockRunsTest, NoIdsNoPairs) { EXPECT_THAT(Runs({}), IsEmpty()); }
+
+TEST(BlockRunsTest, OneStretchIsOnePair) {
+  EXPECT_THAT(Runs({32, 33, 34, 35}), ElementsAre(32, 4));
+  EXPECT_THAT(Runs({7}), ElementsAre(7, 1));
+}
+
+TEST(BlockRunsTest, GapsStartNewPairs) {
+  // The 14 MiB page / 6 MiB block seed geometry: ids 0, 1 and 3.
+  EXPECT_THAT(Runs({0, 1, 3}), ElementsAre(0, 2, 3, 1));
+  EXPECT_THAT(Runs({0, 2, 4}), ElementsAre(0, 1, 2, 1, 4, 1));
+}
+
+TEST(BlockRunsTest, OrderIsKeptAndRepeatsSurvive) {
+  const std::vector<int64_t> ids = {9, 10, 3, 4, 5, 5, 11, 2};
+  EXPECT_THAT(Runs(ids), ElementsAre(9, 2, 3, 3, 5, 1, 11, 1, 2, 1));
+  EXPECT_EQ(Expand(Runs(ids)), ids);
+}
+
+TEST(BlockRunsTest, CountMatchesThePairsWritten) {
+  for (const std::vector<int64_t>& ids : std::vector<std::vector<int64_t>>{
+           {}, {4}, {0, 1, 3}, {9, 10, 3, 4, 5, 5, 11, 2},
+           {std::numeric_limits<int64_t>::max(),
+            std::numeric_limits<int64_t>::min()}}) {
+    EXPECT_EQ(2 * CountBlockRuns(ids), Runs(ids).size());
+  }
+}
+
+TEST(BlockRunsTest, ARunThatContinuesTheLastPairExtendsIt) {
+  BlockRunList runs;
+  // Three whole pages of 32 blocks, then one with a gap.
+  for (int64_t page = 0; page < 3; ++page) {
+    std::vector<int64_t> ids;
+    for (int64_t b = 32 * page; b < 32 * (page + 1); ++b) ids.push_back(b);
+    AppendAscendingBlockRuns(ids, &runs);
+  }
+  AppendAscendingBlockRuns({96, 97, 99}, &runs);
+  AppendAscendingBlockRuns({}, &runs);
+  AppendBlockRuns({100, 101}, &runs);
+  EXPECT_THAT(runs, ElementsAre(0, 98, 99, 3));
+  AppendBlockRun(200, 1, &runs);
+  EXPECT_THAT(runs, ElementsAre(0, 98, 99, 3, 200, 1));
+}
+
+TEST(BlockRunsTest, LargestIdDoesNotOverflow) {
+  const int64_t top = std::numeric_limits<int64_t>::max();
+  EXPECT_THAT(Runs({top - 1, top}), ElementsAre(top - 1, 2));
+  EXPECT_THAT(Runs({top, std::numeric_limits<int64_t>::min()}),
+              ElementsAre(top, 1, std::numeric_limits<int64_t>::min(), 1));
+}
+
+}  // namespace
+}  // namespace kvbroker
