@@ -21,6 +21,7 @@
 #include "attach/frame.h"
 #include "attach/testing/fd_count.h"
 #include "engine/session.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/access.h"
 
@@ -28,6 +29,8 @@ namespace kvbroker::attach {
 namespace {
 
 namespace kv1 = ::kvbroker::v1;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using engine::AttachOptions;
 using engine::ConnectOptions;
 
@@ -316,6 +319,94 @@ TEST_F(AttachServerTest, RunsOfIdsAreRefusedWhole) {
   ASSERT_TRUE(freed.ok()) << freed.status();
   EXPECT_EQ(freed->freed_blocks(), 3);
   EXPECT_EQ(Allocated(), 0);
+}
+
+// Version 2's block runs: an Alloc that asks for them gets each page's
+// blocks as (first, count) pairs, a Free may name runs beside ids, and bad
+// runs are refused whole with nothing freed.
+TEST_F(AttachServerTest, BlockRunsOnTheSession) {
+  StartServer();
+  auto s = Attached("engine-a");
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->hello().protocol_version(), 2u);
+  kv1::AllocRequest alloc;
+  alloc.set_num_blocks(12);
+  alloc.set_block_runs(true);
+  auto got = s->Alloc(alloc);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->num_blocks(), 12);
+  // 8 blocks per page: the first page whole and 4 of the next, one run.
+  EXPECT_EQ(got->pages_size(), 0);
+  EXPECT_THAT(got->block_runs(), ElementsAre(0, 12));
+  EXPECT_EQ(Allocated(), 12);
+
+  auto refused = [&](std::vector<int64_t> block_ids,
+                     std::vector<int64_t> runs) {
+    kv1::FreeRequest free;
+    free.mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
+    free.mutable_block_runs()->Add(runs.begin(), runs.end());
+    return GetReason(s->Free(free).status());
+  };
+  constexpr int64_t kTop = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(refused({}, {0, 2, 4}), FailureReason::kInvalidArgument);
+  EXPECT_EQ(refused({}, {0, 0}), FailureReason::kInvalidArgument);
+  EXPECT_EQ(refused({}, {0, -1}), FailureReason::kInvalidArgument);
+  EXPECT_EQ(refused({}, {kTop, 2}), FailureReason::kInvalidArgument);
+  EXPECT_EQ(refused({}, {0, kMaxSessionBlocks + 1}),
+            FailureReason::kInvalidArgument);
+  EXPECT_EQ(refused({0}, {0, kMaxSessionBlocks}),
+            FailureReason::kInvalidArgument);
+  // Ids the pool judges as it judges block_ids: a repeat across the two
+  // lists, one past the allocation, ids that are no blocks at all.
+  EXPECT_EQ(refused({3}, {0, 4}), FailureReason::kInvalidArgument);
+  EXPECT_EQ(refused({}, {0, 13}), FailureReason::kBlockNotAllocated);
+  EXPECT_EQ(refused({}, {-3, 3}), FailureReason::kBlockNotAllocated);
+  EXPECT_EQ(refused({}, {kTop - 1, 2}), FailureReason::kBlockNotAllocated);
+  EXPECT_EQ(Allocated(), 12);
+
+  kv1::FreeRequest free;
+  free.add_block_ids(11);
+  for (int64_t v : {4, 3, 8, 3}) free.add_block_runs(v);
+  auto freed = s->Free(free);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(freed->freed_blocks(), 7);
+  EXPECT_EQ(Allocated(), 5);
+  // The fast path sends the rest, 0 .. 3 and 7, as two runs.
+  const std::vector<int64_t> rest = {0, 1, 2, 3, 7};
+  auto last = s->Free(rest);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->freed_blocks(), 5);
+  EXPECT_EQ(Allocated(), 0);
+}
+
+// The daemon answers the lower of the engine's version and its own, and
+// refuses a version below its lowest; the fast path works on version 1.
+TEST_F(AttachServerTest, ProtocolVersions) {
+  StartServer();
+  ConnectOptions o;
+  o.socket_path = path_;
+  o.holder = "old-engine";
+  o.protocol_version = 1;
+  auto old = engine::Session::Connect(o);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ((*old)->hello().protocol_version(), 1u);
+  AttachOptions a;
+  a.pool = "kv";
+  ASSERT_TRUE((*old)->Attach(a).ok());
+  auto ids = (*old)->Alloc(10);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->size(), 10u);
+  EXPECT_EQ(Allocated(), 10);
+  auto freed = (*old)->Free(*ids);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(freed->freed_blocks(), 10);
+  EXPECT_EQ(Allocated(), 0);
+
+  o.holder = "no-version";
+  o.protocol_version = 0;
+  absl::Status refused = engine::Session::Connect(o).status();
+  EXPECT_EQ(ProtocolErrorOf(refused), v1::UNSUPPORTED_VERSION) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("speaks 1 to 2"));
 }
 
 TEST_F(AttachServerTest, SessionEndFreesTheHoldersBlocks) {

@@ -41,8 +41,12 @@
 
 namespace kvbroker::attach {
 
-// The protocol version of proto/kvbroker/v1/attach.proto.
-inline constexpr uint32_t kProtocolVersion = 1;
+// The protocol versions of proto/kvbroker/v1/attach.proto this build
+// speaks: the daemon answers the lower of the engine's and kProtocolVersion.
+// Version 2 adds block runs (AllocRequest.block_runs and
+// FreeRequest.block_runs), which a version-1 daemon would ignore.
+inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kMinProtocolVersion = 1;
 // Most fds one frame may carry (one sendmsg carries at most 253 on Linux).
 inline constexpr int kMaxFdsPerFrame = 250;
 inline constexpr size_t kHeaderBytes = 8;

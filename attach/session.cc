@@ -197,12 +197,12 @@ absl::Status AttachServer::Session::OnHello(const v1::Hello& hello,
   if (greeted_) {
     return ProtocolFailure(v1::UNEXPECTED_MESSAGE, "Hello was already said");
   }
-  if (hello.protocol_version() < kProtocolVersion) {
+  if (hello.protocol_version() < kMinProtocolVersion) {
     return ProtocolFailure(
         v1::UNSUPPORTED_VERSION,
         absl::StrCat("protocol version ", hello.protocol_version(),
-                     " is not supported; this daemon speaks ", kProtocolVersion,
-                     " to ", kProtocolVersion));
+                     " is not supported; this daemon speaks ",
+                     kMinProtocolVersion, " to ", kProtocolVersion));
   }
   if (server_->options_.access != nullptr) {
     absl::StatusOr<const AccessPolicy::Grant*> grant =
@@ -250,7 +250,7 @@ absl::Status AttachServer::Session::OnHello(const v1::Hello& hello,
   }
   greeted_ = true;
   v1::HelloReply* r = out->mutable_hello_reply();
-  r->set_protocol_version(kProtocolVersion);
+  r->set_protocol_version(std::min(hello.protocol_version(), kProtocolVersion));
   r->set_session_id(id_);
   r->set_reattached(reattached);
   r->set_max_frame_bytes(kMaxFrameBytes);
@@ -460,11 +460,11 @@ absl::Status AttachServer::Session::CheckPool(absl::string_view pool) const {
 }
 
 absl::Status AttachServer::Session::AllocForHolder(
-    AllocRequest alloc, kv1::AllocResponse* response) {
+    AllocRequest alloc, kv1::AllocResponse* response, bool as_runs) {
   alloc.holder = holder_;
   absl::StatusOr<AllocResult> result = pool_->Alloc(alloc);
   if (!result.ok()) return result.status();
-  ToProto(*result, response);
+  ToProto(*result, response, as_runs);
   if (!result->replayed) {
     absl::MutexLock lock(&server_->mu_);
     for (const PageBlocks& p : result->pages) {
@@ -541,7 +541,8 @@ absl::Status AttachServer::Session::OnAlloc(const kv1::AllocRequest& request,
   if (request.has_expected_generation()) {
     alloc.expected_generation = request.expected_generation();
   }
-  return AllocForHolder(std::move(alloc), out->mutable_alloc_reply());
+  return AllocForHolder(std::move(alloc), out->mutable_alloc_reply(),
+                        request.block_runs());
 }
 
 absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
@@ -553,8 +554,10 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
   }
   KVB_RETURN_IF_ERROR(CheckId("request_id", request.request_id()));
   const std::string request_id = HolderRequestId(holder_, request.request_id());
-  const absl::Span<const int64_t> ids(request.block_ids().data(),
-                                      request.block_ids().size());
+  absl::StatusOr<FreeRequest> named =
+      FromProto(request, kMaxSessionBlocks, &expanded_ids_);
+  if (!named.ok()) return named.status();
+  const absl::Span<const int64_t> ids = named->block_ids;
   // Whether the ids were taken out of the holder's set here (a retry's are
   // not: they may be gone already); they go back if the pool refuses.
   bool taken = false;

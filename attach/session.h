@@ -101,10 +101,11 @@ class AttachServer::Session {
   void OnRevokeAck(uint64_t seq, const v1::RevokeAck& ack);
   // Refuses a pool operation before Attach or naming another pool.
   absl::Status CheckPool(absl::string_view pool) const;
-  // Allocates through the pool into `response` and records the blocks as
-  // the holder's.
+  // Allocates through the pool into `response` (its blocks as runs when
+  // `as_runs`) and records the blocks as the holder's.
   absl::Status AllocForHolder(AllocRequest alloc,
-                              ::kvbroker::v1::AllocResponse* response);
+                              ::kvbroker::v1::AllocResponse* response,
+                              bool as_runs = false);
   // Takes `ids` out of the holder's set if it owns each exactly once;
   // otherwise changes nothing and refuses (INVALID_ARGUMENT for a repeat,
   // BLOCK_NOT_ALLOCATED for one it does not own).
@@ -145,6 +146,9 @@ class AttachServer::Session {
   bool release_on_end_ = false;
   // The seq of the frame being answered.
   uint64_t seq_ = 0;
+  // The ids of a Free that names block_runs, expanded; reused so that a
+  // session's Frees allocate once.
+  std::vector<int64_t> expanded_ids_;
   // Frames the daemon starts; registered with pool_ while attached.
   Outbox outbox_;
   bool subscribed_ = false;

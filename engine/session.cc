@@ -7,11 +7,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/failure.h"
+#include "common/block_runs.h"
 #include "common/error_keys.h"
 
 namespace kvbroker::engine {
@@ -39,7 +41,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
   PlainMutexLock lock(&session->mu_);
   av1::Frame* hello = session->NewRequest();
   av1::Hello* h = hello->mutable_hello();
-  h->set_protocol_version(attach::kProtocolVersion);
+  h->set_protocol_version(options.protocol_version);
   h->set_token(options.token);
   h->set_holder(options.holder);
   h->set_pid(getpid());
@@ -55,13 +57,16 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
                            "the daemon did not answer Hello with HelloReply");
   }
   const av1::HelloReply& r = (*reply)->hello_reply();
-  if (r.protocol_version() != attach::kProtocolVersion) {
+  if (r.protocol_version() < attach::kMinProtocolVersion ||
+      r.protocol_version() > options.protocol_version) {
     return ProtocolFailure(
         av1::UNSUPPORTED_VERSION,
         absl::StrCat("the daemon chose protocol version ", r.protocol_version(),
-                     "; this library speaks ", attach::kProtocolVersion));
+                     "; this session offered ", attach::kMinProtocolVersion,
+                     " to ", options.protocol_version));
   }
   session->hello_ = r;
+  session->runs_ = r.protocol_version() >= 2;
   return session;
 }
 
@@ -398,14 +403,37 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
   request->set_num_blocks(num_blocks);
   // An empty id is proto3's default: setting it would only allocate.
   if (!request_id.empty()) request->set_request_id(request_id);
+  if (runs_) request->set_block_runs(true);
   absl::StatusOr<const av1::Frame*> reply =
       CallAttached(f, av1::Frame::kAllocReply, "an Alloc reply");
   if (!reply.ok()) return reply.status();
   const kv1::AllocResponse& r = (*reply)->alloc_reply();
   std::vector<int64_t> ids;
+  if (r.num_blocks() < 0 || r.num_blocks() > num_blocks) {
+    return ProtocolFailure(
+        av1::MALFORMED_FRAME,
+        absl::StrCat("the daemon answered Alloc(", num_blocks, ") with ",
+                     r.num_blocks(), " blocks"));
+  }
   ids.reserve(r.num_blocks());
   for (const kv1::PageBlocks& p : r.pages()) {
     ids.insert(ids.end(), p.block_ids().begin(), p.block_ids().end());
+  }
+  const auto& runs = r.block_runs();
+  for (int i = 0; i + 1 < runs.size(); i += 2) {
+    // Bounded by num_blocks, so a wrong count cannot run away.
+    const int64_t room = r.num_blocks() - static_cast<int64_t>(ids.size());
+    const int64_t count = std::min(runs[i + 1], room);
+    for (int64_t k = 0; k < count; ++k) {
+      ids.push_back(static_cast<int64_t>(static_cast<uint64_t>(runs[i]) +
+                                         static_cast<uint64_t>(k)));
+    }
+  }
+  if (static_cast<int64_t>(ids.size()) != r.num_blocks() || runs.size() % 2) {
+    return ProtocolFailure(
+        av1::MALFORMED_FRAME,
+        absl::StrCat("the daemon's Alloc reply says ", r.num_blocks(),
+                     " blocks and lists ", ids.size()));
   }
   return ids;
 }
@@ -425,7 +453,12 @@ absl::StatusOr<kv1::FreeResponse> Session::Free(
   PlainMutexLock lock(&mu_);
   av1::Frame* f = NewRequest();
   kv1::FreeRequest* request = f->mutable_free();
-  request->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
+  // Runs where they are shorter: scattered ids stay a list.
+  if (runs_ && 2 * CountBlockRuns(block_ids) < block_ids.size()) {
+    AppendBlockRuns(block_ids, request->mutable_block_runs());
+  } else {
+    request->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
+  }
   if (!request_id.empty()) request->set_request_id(request_id);
   absl::StatusOr<const av1::Frame*> reply =
       CallAttached(f, av1::Frame::kFreeReply, "a Free reply");

@@ -78,6 +78,11 @@ struct ConnectOptions {
   // price of that thread's CPU while it waits; the daemon's side is
   // unchanged.
   absl::Duration reply_spin = absl::ZeroDuration();
+  // The highest attach protocol version to offer (attach/frame.h). From 2
+  // on, Alloc(n) and Free(ids) carry their blocks as runs of consecutive
+  // ids; 1 lists every id, as a version-1 daemon needs (benchmarks offer 1
+  // to compare).
+  uint32_t protocol_version = attach::kProtocolVersion;
 };
 
 struct AttachOptions {
@@ -241,6 +246,9 @@ class Session {
   attach::FrameChannel channel_;
   const absl::Duration close_timeout_;
   attach::v1::HelloReply hello_;
+  // The daemon chose protocol version 2 or later: Alloc(n) and Free(ids)
+  // carry block runs. Written once by Connect.
+  bool runs_ = false;
   // Written once by Attach (under mu_), then read without it.
   attach::v1::PoolLayout layout_;
 

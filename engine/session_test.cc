@@ -21,15 +21,20 @@
 #include "absl/time/clock.h"
 #include "attach/frame.h"
 #include "attach/testing/fd_count.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace kvbroker::engine {
 namespace {
 
 namespace av1 = ::kvbroker::attach::v1;
+namespace kv1 = ::kvbroker::v1;
 using attach::FrameChannel;
+using attach::kProtocolVersion;
 using attach::ProtocolErrorOf;
 using attach::ReceivedFrame;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
 
 constexpr int64_t kBundle = 4 << 20;  // P = 2 MiB, L = 1, K = 2
 constexpr int64_t kPages = 4;
@@ -132,7 +137,8 @@ class SessionTest : public ::testing::Test {
   // attach is followed by PagesMapped of `initial` pages.
   void Open(const std::vector<int64_t>& initial,
             absl::Duration close_timeout = absl::Seconds(5),
-            absl::Duration reply_spin = absl::ZeroDuration()) {
+            absl::Duration reply_spin = absl::ZeroDuration(),
+            uint32_t version = 1) {
     fds_before_ = OpenFds();
     std::thread daemon([&] {
       peer_.Accept();
@@ -142,7 +148,8 @@ class SessionTest : public ::testing::Test {
       EXPECT_EQ(hello.frame.hello().pid(), getpid());
       av1::Frame reply;
       reply.set_seq(hello.frame.seq());
-      reply.mutable_hello_reply()->set_protocol_version(1);
+      EXPECT_EQ(hello.frame.hello().protocol_version(), kProtocolVersion);
+      reply.mutable_hello_reply()->set_protocol_version(version);
       reply.mutable_hello_reply()->set_session_id(77);
       peer_.Send(reply);
       ReceivedFrame attach = peer_.Next();
@@ -240,6 +247,75 @@ TEST_F(SessionTest, PagesMappedDuringACallAreMappedBeforeItReturns) {
   EXPECT_EQ(*ids, std::vector<int64_t>{6});
   EXPECT_TRUE(session_->page_mapped(3));
   EXPECT_EQ(*reinterpret_cast<char*>(*session_->BlockAddress(0, 6, 0, 0)), 'd');
+}
+
+// A daemon that chose version 1 gets every id listed: it would not read
+// block runs.
+TEST_F(SessionTest, Version1ListsEveryId) {
+  Open({3});
+  std::thread daemon([&] {
+    ReceivedFrame alloc = peer_.Next();
+    ASSERT_TRUE(alloc.frame.has_alloc());
+    EXPECT_FALSE(alloc.frame.alloc().block_runs());
+    peer_.Send(AllocReply(alloc.frame.seq(), 3, 6));
+    ReceivedFrame free = peer_.Next();
+    ASSERT_TRUE(free.frame.has_free());
+    EXPECT_THAT(free.frame.free().block_ids(), ElementsAre(6, 7));
+    EXPECT_THAT(free.frame.free().block_runs(), IsEmpty());
+    av1::Frame reply;
+    reply.set_seq(free.frame.seq());
+    reply.mutable_free_reply()->set_freed_blocks(2);
+    peer_.Send(reply);
+  });
+  auto ids = session_->Alloc(1);
+  const std::vector<int64_t> both = {6, 7};
+  auto freed = session_->Free(both);
+  daemon.join();
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_THAT(*ids, ElementsAre(6));
+  ASSERT_TRUE(freed.ok()) << freed.status();
+}
+
+// From version 2 on, Alloc asks for runs and Free sends them; a reply whose
+// runs do not add up to its count is refused, not trusted.
+TEST_F(SessionTest, Version2CarriesBlockRuns) {
+  Open({2, 3}, absl::Seconds(5), absl::ZeroDuration(), /*version=*/2);
+  std::thread daemon([&] {
+    ReceivedFrame alloc = peer_.Next();
+    ASSERT_TRUE(alloc.frame.has_alloc());
+    EXPECT_TRUE(alloc.frame.alloc().block_runs());
+    av1::Frame reply;
+    reply.set_seq(alloc.frame.seq());
+    kv1::AllocResponse* r = reply.mutable_alloc_reply();
+    // Block 5 on page 2 and 6, 7 on page 3: one run across the two.
+    r->add_block_runs(5);
+    r->add_block_runs(3);
+    r->set_num_blocks(3);
+    peer_.Send(reply);
+    ReceivedFrame free = peer_.Next();
+    ASSERT_TRUE(free.frame.has_free());
+    EXPECT_THAT(free.frame.free().block_ids(), IsEmpty());
+    EXPECT_THAT(free.frame.free().block_runs(), ElementsAre(5, 3));
+    av1::Frame freed;
+    freed.set_seq(free.frame.seq());
+    freed.mutable_free_reply()->set_freed_blocks(3);
+    peer_.Send(freed);
+    ReceivedFrame bad = peer_.Next();
+    ASSERT_TRUE(bad.frame.has_alloc());
+    reply.set_seq(bad.frame.seq());
+    r->set_num_blocks(4);  // the runs name 3
+    peer_.Send(reply);
+  });
+  auto ids = session_->Alloc(3);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_THAT(*ids, ElementsAre(5, 6, 7));
+  auto freed = session_->Free(*ids);
+  auto bad = session_->Alloc(4);
+  daemon.join();
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(freed->freed_blocks(), 3);
+  EXPECT_EQ(attach::ProtocolErrorOf(bad.status()), av1::MALFORMED_FRAME)
+      << bad.status();
 }
 
 // With reply_spin the call polls before it sleeps: a reply inside the spin
