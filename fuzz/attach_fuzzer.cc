@@ -252,7 +252,7 @@ bool TypedFrame(ByteReader& in, const Replies& replies, av1::Frame* f) {
   switch (in.Range(0, 10)) {
     case 0: {
       av1::Hello* h = f->mutable_hello();
-      h->set_protocol_version(in.Range(0, 2));
+      h->set_protocol_version(in.Range(0, 3));
       h->set_token(in.Bool() ? kToken : in.Utf8(24));
       h->set_holder(in.Bool() ? "fuzz-engine" : in.Utf8(8));
       h->set_pid(in.Range(-1, 1 << 20));
@@ -277,6 +277,7 @@ bool TypedFrame(ByteReader& in, const Replies& replies, av1::Frame* f) {
       a->set_request_id(in.Utf8(4));
       if (in.Bool()) a->set_reservation_id(replies.any_reservation());
       if (in.Bool()) a->set_expected_generation(in.Range(0, 8));
+      a->set_block_runs(in.Bool());
       return true;
     }
     case 3: {
@@ -284,6 +285,12 @@ bool TypedFrame(ByteReader& in, const Replies& replies, av1::Frame* f) {
       r->set_pool(pool);
       for (int i = in.Range(0, 6); i > 0; --i) {
         r->add_block_ids(in.Range(-1, 41));
+      }
+      // Runs, well-formed or not: odd lengths, counts of 0 or below, runs
+      // past the pool and past the session's bound.
+      for (int i = in.Range(0, 5); i > 0; --i) {
+        r->add_block_runs(in.Bool() ? in.Range(-2, 41)
+                                    : in.Range(-1, 1 << 15));
       }
       r->set_request_id(in.Utf8(4));
       return true;

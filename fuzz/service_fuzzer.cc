@@ -5,8 +5,9 @@
 // An input is a program: each step reads an opcode and its operands from the
 // input (fuzz/byte_reader.h) and makes one call on one of three pool names:
 // CreatePool with geometries both valid and not, Alloc (optionally from a
-// reservation, with request ids and expected generations), Free of blocks
-// the program holds mixed with ids it does not, Reserve, ReleaseReservation,
+// reservation, with request ids and expected generations, its blocks as ids
+// or as runs), Free of blocks the program holds mixed with ids it does not
+// (listed, as block runs, or both; now and then a malformed run), Reserve, ReleaseReservation,
 // SetMemoryLimit, Trim, Capacity, GetPageOccupancy, GetPool, ListPools,
 // DeletePool, a short WatchCapacity, a backend fault armed for the next
 // create/map/set-access/unmap/release call (out of memory or a recoverable
@@ -48,11 +49,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "allocator/broker.h"
 #include "allocator/failure.h"
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
 #include "allocator/units.h"
+#include "common/block_runs.h"
 #include "fuzz/byte_reader.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "server/daemon.h"
@@ -191,6 +194,29 @@ std::vector<int64_t> Flatten(
       last = b;
       ids.push_back(b);
     }
+  }
+  return ids;
+}
+
+// The same for an Alloc answered with block runs: pairs, counts of at
+// least one, ascending and apart (a run that continued the one before
+// would have been merged into it), within the pool.
+std::vector<int64_t> FlattenRuns(const v1::AllocResponse& resp,
+                                 int64_t max_blocks) {
+  if (resp.pages_size() != 0) Die("Alloc: pages beside block runs");
+  const auto& runs = resp.block_runs();
+  if (runs.size() % 2 != 0) Die("Alloc: an odd number of run values");
+  std::vector<int64_t> ids;
+  int64_t end = -1;
+  for (int i = 0; i < runs.size(); i += 2) {
+    const int64_t first = runs[i], count = runs[i + 1];
+    if (first <= end || count < 1 || first < 0 || count > max_blocks ||
+        first > max_blocks - count) {
+      Die(absl::StrCat("Alloc: run (", first, ", ", count,
+                       ") out of order or range"));
+    }
+    for (int64_t k = 0; k < count; ++k) ids.push_back(first + k);
+    end = first + count;
   }
   return ids;
 }
@@ -339,6 +365,7 @@ class Program {
       r.set_expected_generation(l != nullptr && in_->Bool() ? l->generation
                                                             : in_->U64(2));
     }
+    r.set_block_runs(in_->Range(0, 3) == 0);
     v1::AllocResponse resp;
     grpc::Status s = w_->stub->Alloc(Context().get(), r, &resp);
     CheckTyped("Alloc", s);
@@ -349,7 +376,8 @@ class Program {
     l->generation = resp.generation();
     if (resp.replayed()) return;
     const std::vector<int64_t> ids =
-        Flatten("Alloc", resp.pages(), l->max_blocks);
+        r.block_runs() ? FlattenRuns(resp, l->max_blocks)
+                       : Flatten("Alloc", resp.pages(), l->max_blocks);
     if (static_cast<int64_t>(ids.size()) != r.num_blocks() ||
         resp.num_blocks() != r.num_blocks()) {
       Die(absl::StrCat("Alloc(", r.num_blocks(), ") returned ", ids.size()));
@@ -393,19 +421,37 @@ class Program {
         r.add_block_ids(static_cast<int64_t>(in_->U64()));
       }
     }
+    // The same blocks, some or all of them as runs; now and then a run
+    // that is malformed (an odd value, a count below 1), which must be
+    // refused.
+    const std::vector<int64_t> named(r.block_ids().begin(),
+                                     r.block_ids().end());
+    bool malformed = false;
+    if (const uint8_t form = in_->Byte(); form >= 160) {
+      const size_t listed = form < 208 ? 0 : in_->Range(0, named.size());
+      r.mutable_block_ids()->Truncate(static_cast<int>(listed));
+      AppendBlockRuns(absl::MakeConstSpan(named).subspan(listed),
+                      r.mutable_block_runs());
+      if (form >= 248) {
+        malformed = true;
+        r.add_block_runs(in_->Range(-1, 40));
+        if (in_->Bool()) r.add_block_runs(in_->Range(-3, 0));
+      }
+    }
     r.set_request_id(RequestId());
     v1::FreeResponse resp;
     grpc::Status s = w_->stub->Free(Context().get(), r, &resp);
     CheckTyped("Free", s);
     if (!s.ok()) return;
+    if (malformed) Die("Free with malformed block runs succeeded");
     if (l == nullptr) Die("Free succeeded on a pool the driver did not create");
     l->generation = resp.generation();
     if (resp.replayed()) return;
-    if (resp.freed_blocks() != r.block_ids_size()) {
-      Die(absl::StrCat("Free of ", r.block_ids_size(), " ids freed ",
+    if (resp.freed_blocks() != static_cast<int64_t>(named.size())) {
+      Die(absl::StrCat("Free of ", named.size(), " ids freed ",
                        resp.freed_blocks()));
     }
-    for (int64_t id : r.block_ids()) {
+    for (int64_t id : named) {
       if (l->owned.erase(id) != 1) {
         Die(absl::StrCat("Free succeeded on block ", id,
                          " which the driver does not hold"));
