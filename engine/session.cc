@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -421,13 +423,17 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
   }
   const auto& runs = r.block_runs();
   for (int i = 0; i + 1 < runs.size(); i += 2) {
-    // Bounded by num_blocks, so a wrong count cannot run away.
+    // Bounded by num_blocks, so a wrong count cannot run away, and by the
+    // largest id, so that a wrong first one cannot overflow.
     const int64_t room = r.num_blocks() - static_cast<int64_t>(ids.size());
-    const int64_t count = std::min(runs[i + 1], room);
-    for (int64_t k = 0; k < count; ++k) {
-      ids.push_back(static_cast<int64_t>(static_cast<uint64_t>(runs[i]) +
-                                         static_cast<uint64_t>(k)));
-    }
+    const int64_t first = runs[i];
+    const int64_t count = std::min(
+        {runs[i + 1], room,
+         first <= 0 ? room : std::numeric_limits<int64_t>::max() - first + 1});
+    if (count <= 0) continue;
+    const size_t at = ids.size();
+    ids.resize(at + static_cast<size_t>(count));
+    std::iota(ids.begin() + at, ids.end(), first);
   }
   if (static_cast<int64_t>(ids.size()) != r.num_blocks() || runs.size() % 2) {
     return ProtocolFailure(

@@ -3,6 +3,7 @@
 #include "server/proto_convert.h"
 
 #include <limits>
+#include <numeric>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -172,9 +173,11 @@ absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
     }
     total += count;
   }
-  ids->reserve(static_cast<size_t>(total));
+  ids->resize(static_cast<size_t>(total));
+  int64_t* out = ids->data() + before;
   for (size_t i = 0; i < runs.size(); i += 2) {
-    for (int64_t k = 0; k < runs[i + 1]; ++k) ids->push_back(runs[i] + k);
+    std::iota(out, out + runs[i + 1], runs[i]);
+    out += runs[i + 1];
   }
   return absl::OkStatus();
 }
