@@ -43,6 +43,7 @@
 #include "attach/frame.h"
 #include "attach/testing/child_process.h"
 #include "bench/cpus.h"
+#include "common/block_runs.h"
 #include "engine/session.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 
@@ -66,6 +67,10 @@ ABSL_FLAG(int, spin_us, 0,
           "the bench's end polls its socket this long for each reply before "
           "it sleeps, on the session (ConnectOptions::reply_spin) and on the "
           "bare pair alike; the daemon and the echo peer still sleep");
+ABSL_FLAG(int, protocol, kvbroker::attach::kProtocolVersion,
+          "the attach protocol version the session offers: 2 carries an "
+          "Alloc's and a Free's blocks as runs, 1 lists every id (the frames "
+          "of the bare pair follow)");
 ABSL_FLAG(std::string, phases, "session,bare,grpc",
           "phases to run; a CPU profile of one phase (perf stat over two "
           "--calls counts) takes it alone");
@@ -130,9 +135,13 @@ struct Sizes {
 };
 
 // Frame sizes of one real Alloc(n) + Free pair, header included.
+// The frames are built as Session::Alloc(n) and Session::Free(ids) build
+// them on the protocol version the daemon chose.
 Sizes FrameSizes(engine::Session& s, int64_t n) {
+  const bool runs = s.hello().protocol_version() >= 2;
   v1::AllocRequest request;
   request.set_num_blocks(n);
+  request.set_block_runs(runs);
   absl::StatusOr<v1::AllocResponse> alloc = s.Alloc(request);
   if (!alloc.ok()) Die(alloc.status().ToString());
   av1::Frame f;
@@ -146,9 +155,20 @@ Sizes FrameSizes(engine::Session& s, int64_t n) {
   z.alloc_reply = attach::kHeaderBytes + r.ByteSizeLong();
   av1::Frame fr;
   fr.set_seq(1000);
+  std::vector<int64_t> ids;
   for (const auto& p : alloc->pages()) {
-    fr.mutable_free()->mutable_block_ids()->Add(p.block_ids().begin(),
-                                                p.block_ids().end());
+    ids.insert(ids.end(), p.block_ids().begin(), p.block_ids().end());
+  }
+  for (int i = 0; i + 1 < alloc->block_runs_size(); i += 2) {
+    for (int64_t k = 0; k < alloc->block_runs(i + 1); ++k) {
+      ids.push_back(alloc->block_runs(i) + k);
+    }
+  }
+  if (static_cast<int64_t>(ids.size()) != n) Die("FrameSizes: wrong count");
+  if (runs && 2 * CountBlockRuns(ids) < ids.size()) {
+    AppendBlockRuns(ids, fr.mutable_free()->mutable_block_runs());
+  } else {
+    fr.mutable_free()->mutable_block_ids()->Add(ids.begin(), ids.end());
   }
   z.free_request = attach::kHeaderBytes + fr.ByteSizeLong();
   absl::StatusOr<v1::FreeResponse> freed = s.Free(fr.free());
@@ -229,8 +249,11 @@ int Run() {
   c.holder = "bench";
   const int64_t spin_ns = int64_t{1000} * absl::GetFlag(FLAGS_spin_us);
   c.reply_spin = absl::Nanoseconds(spin_ns);
+  c.protocol_version = static_cast<uint32_t>(absl::GetFlag(FLAGS_protocol));
   auto session = engine::Session::Connect(c);
   if (!session.ok()) Die(session.status().ToString());
+  std::printf("attach protocol version %u\n",
+              (*session)->hello().protocol_version());
   engine::AttachOptions a;
   a.pool = "bench";
   if (!(*session)->Attach(a).ok()) Die("attach");
