@@ -36,8 +36,13 @@ def new_request_id() -> str:
 
 def block_ids(reply: Union[pb.AllocResponse, pb.ReserveResponse]) -> List[int]:
     """Every block id of an Alloc or Reserve reply: ascending page, then
-    ascending id."""
-    return [b for page in reply.pages for b in page.block_ids]
+    ascending id. An Alloc answered with block runs
+    (``AllocRequest.block_runs``) lists them as (first, count) pairs."""
+    ids = [b for page in reply.pages for b in page.block_ids]
+    runs = getattr(reply, "block_runs", ())
+    for first, count in zip(runs[0::2], runs[1::2]):
+        ids.extend(range(first, first + count))
+    return ids
 
 
 def blocks_by_page(

@@ -40,6 +40,13 @@ def test_pool_lifecycle(kvb, pool_name):
     assert pool_name not in [p.spec.name for p in kvb.list_pools()]
 
 
+def test_block_ids_of_pages_and_of_runs():
+    by_page = pb.AllocResponse(pages=[pb.PageBlocks(page_id=0, block_ids=[0, 1]),
+                                      pb.PageBlocks(page_id=1, block_ids=[3])])
+    assert block_ids(by_page) == [0, 1, 3]
+    assert block_ids(pb.AllocResponse(block_runs=[0, 2, 3, 1])) == [0, 1, 3]
+
+
 def test_reserve_then_alloc_from_the_reservation(kvb, pool_name):
     kvb.create_pool(pool_name, max_blocks=6, **ONE_PAGE)
     held = kvb.reserve(pool_name, 2, ttl=60)
