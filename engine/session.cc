@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -433,7 +432,9 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
     if (count <= 0) continue;
     const size_t at = ids.size();
     ids.resize(at + static_cast<size_t>(count));
-    std::iota(ids.begin() + at, ids.end(), first);
+    // first + k, never one past the run (std::iota's last increment
+    // overflows a run that ends at the largest id).
+    for (int64_t k = 0; k < count; ++k) ids[at + k] = first + k;
   }
   if (static_cast<int64_t>(ids.size()) != r.num_blocks() || runs.size() % 2) {
     return ProtocolFailure(

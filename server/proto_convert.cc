@@ -3,7 +3,6 @@
 #include "server/proto_convert.h"
 
 #include <limits>
-#include <numeric>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -175,9 +174,10 @@ absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
   }
   ids->resize(static_cast<size_t>(total));
   int64_t* out = ids->data() + before;
+  // first + k, never one past the run: a run may end at the largest id,
+  // where std::iota's last increment would overflow.
   for (size_t i = 0; i < runs.size(); i += 2) {
-    std::iota(out, out + runs[i + 1], runs[i]);
-    out += runs[i + 1];
+    for (int64_t k = 0; k < runs[i + 1]; ++k) *out++ = runs[i] + k;
   }
   return absl::OkStatus();
 }
