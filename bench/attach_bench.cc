@@ -159,12 +159,10 @@ Sizes FrameSizes(engine::Session& s, int64_t n) {
   for (const auto& p : alloc->pages()) {
     ids.insert(ids.end(), p.block_ids().begin(), p.block_ids().end());
   }
-  for (int i = 0; i + 1 < alloc->block_runs_size(); i += 2) {
-    for (int64_t k = 0; k < alloc->block_runs(i + 1); ++k) {
-      ids.push_back(alloc->block_runs(i) + k);
-    }
+  if (!ExpandBlockRuns(alloc->block_runs(), n, &ids).ok() ||
+      static_cast<int64_t>(ids.size()) != n) {
+    Die("FrameSizes: wrong count");
   }
-  if (static_cast<int64_t>(ids.size()) != n) Die("FrameSizes: wrong count");
   if (runs && 2 * CountBlockRuns(ids) < ids.size()) {
     AppendBlockRuns(ids, fr.mutable_free()->mutable_block_runs());
   } else {

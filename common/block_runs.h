@@ -3,16 +3,20 @@
 // and FreeRequest.block_runs). An Alloc of whole pages is one pair instead
 // of a varint per block and a message per page, which is what the engine's
 // hot path and the daemon's spend most on for large calls
-// (bench/RESULTS.md, "Block runs on the session"). Expanding a caller's
-// runs, with its bounds, is the daemon's (server/proto_convert.h,
-// ExpandBlockRuns).
+// (bench/RESULTS.md, "Block runs on the session"). The daemon reads a
+// caller's runs with ExpandBlockRuns and refuses what it rejects
+// (server/proto_convert.h, FromProto of a FreeRequest); the engine reads the
+// daemon's the same way.
 #ifndef KVBROKER_COMMON_BLOCK_RUNS_H_
 #define KVBROKER_COMMON_BLOCK_RUNS_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "google/protobuf/repeated_field.h"
 
@@ -74,6 +78,41 @@ inline size_t CountBlockRuns(absl::Span<const int64_t> ids) {
     }
   }
   return runs;
+}
+
+// Appends the ids `runs` names to `*ids`. INVALID_ARGUMENT, with `*ids`
+// unchanged, for an odd number of values, a count below 1, a run past the
+// largest int64, or more than `max_ids` ids in `*ids` afterwards. Which ids
+// are blocks of a pool is the pool's to say, as for listed ids.
+inline absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
+                                    int64_t max_ids, std::vector<int64_t>* ids) {
+  if (runs.size() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        runs.size(), " values do not make (first, count) pairs"));
+  }
+  const int64_t before = static_cast<int64_t>(ids->size());
+  int64_t total = before;
+  for (size_t i = 0; i < runs.size(); i += 2) {
+    const int64_t first = runs[i], count = runs[i + 1];
+    if (count < 1 ||
+        first > std::numeric_limits<int64_t>::max() - (count - 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "run (", first, ", ", count, ") names no ids or ids past 2^63 - 1"));
+    }
+    if (count > max_ids - total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("more than ", max_ids, " blocks in one call"));
+    }
+    total += count;
+  }
+  ids->resize(static_cast<size_t>(total));
+  int64_t* out = ids->data() + before;
+  // first + k, never one past the run: a run may end at the largest id,
+  // where std::iota's last increment would overflow.
+  for (size_t i = 0; i < runs.size(); i += 2) {
+    for (int64_t k = 0; k < runs[i + 1]; ++k) *out++ = runs[i] + k;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvbroker

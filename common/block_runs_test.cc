@@ -1,6 +1,7 @@
 // AppendBlockRuns: stretches of consecutive ids become one pair each, in
 // the order given, so that expanding the pairs gives the ids back; a run
-// that continues the last pair extends it.
+// that continues the last pair extends it. ExpandBlockRuns: what it
+// refuses leaves the list as it was.
 
 #include "common/block_runs.h"
 
@@ -80,6 +81,34 @@ TEST(BlockRunsTest, LargestIdDoesNotOverflow) {
   EXPECT_THAT(Runs({top - 1, top}), ElementsAre(top - 1, 2));
   EXPECT_THAT(Runs({top, std::numeric_limits<int64_t>::min()}),
               ElementsAre(top, 1, std::numeric_limits<int64_t>::min(), 1));
+}
+
+TEST(BlockRunsTest, ExpandAppendsWhatTheRunsName) {
+  std::vector<int64_t> ids = {7};
+  ASSERT_TRUE(ExpandBlockRuns(Runs({9, 10, 3, 4, 5, 5, 11, 2}), 100, &ids)
+                  .ok());
+  EXPECT_THAT(ids, ElementsAre(7, 9, 10, 3, 4, 5, 5, 11, 2));
+  const int64_t top = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> at_top;
+  ASSERT_TRUE(ExpandBlockRuns({top - 1, 2}, 2, &at_top).ok());
+  EXPECT_THAT(at_top, ElementsAre(top - 1, top));
+}
+
+TEST(BlockRunsTest, ExpandRefusesMalformedRunsAndChangesNothing) {
+  const int64_t top = std::numeric_limits<int64_t>::max();
+  const std::vector<std::vector<int64_t>> bad = {
+      {0, 2, 4},      // odd
+      {0, 0},         // names nothing
+      {0, -1},        // names nothing
+      {top, 2},       // past the largest id
+      {0, 5, 10, 6},  // 12 with the 1 there, bound 10
+  };
+  for (const std::vector<int64_t>& runs : bad) {
+    std::vector<int64_t> ids = {1};
+    const absl::Status s = ExpandBlockRuns(runs, 10, &ids);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << runs.size();
+    EXPECT_THAT(ids, ElementsAre(1));
+  }
 }
 
 }  // namespace

@@ -7,8 +7,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -409,38 +407,24 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
       CallAttached(f, av1::Frame::kAllocReply, "an Alloc reply");
   if (!reply.ok()) return reply.status();
   const kv1::AllocResponse& r = (*reply)->alloc_reply();
-  std::vector<int64_t> ids;
   if (r.num_blocks() < 0 || r.num_blocks() > num_blocks) {
     return ProtocolFailure(
         av1::MALFORMED_FRAME,
         absl::StrCat("the daemon answered Alloc(", num_blocks, ") with ",
                      r.num_blocks(), " blocks"));
   }
+  std::vector<int64_t> ids;
   ids.reserve(r.num_blocks());
   for (const kv1::PageBlocks& p : r.pages()) {
     ids.insert(ids.end(), p.block_ids().begin(), p.block_ids().end());
   }
-  const auto& runs = r.block_runs();
-  for (int i = 0; i + 1 < runs.size(); i += 2) {
-    // Bounded by num_blocks, so a wrong count cannot run away, and by the
-    // largest id, so that a wrong first one cannot overflow.
-    const int64_t room = r.num_blocks() - static_cast<int64_t>(ids.size());
-    const int64_t first = runs[i];
-    const int64_t count = std::min(
-        {runs[i + 1], room,
-         first <= 0 ? room : std::numeric_limits<int64_t>::max() - first + 1});
-    if (count <= 0) continue;
-    const size_t at = ids.size();
-    ids.resize(at + static_cast<size_t>(count));
-    // first + k, never one past the run (std::iota's last increment
-    // overflows a run that ends at the largest id).
-    for (int64_t k = 0; k < count; ++k) ids[at + k] = first + k;
-  }
-  if (static_cast<int64_t>(ids.size()) != r.num_blocks() || runs.size() % 2) {
+  // Bounded by num_blocks, so that wrong runs cannot run away.
+  absl::Status runs = ExpandBlockRuns(r.block_runs(), r.num_blocks(), &ids);
+  if (!runs.ok() || static_cast<int64_t>(ids.size()) != r.num_blocks()) {
     return ProtocolFailure(
         av1::MALFORMED_FRAME,
         absl::StrCat("the daemon's Alloc reply says ", r.num_blocks(),
-                     " blocks and lists ", ids.size()));
+                     " blocks and lists ", ids.size(), " ", runs.message()));
   }
   return ids;
 }

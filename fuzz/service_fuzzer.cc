@@ -7,8 +7,8 @@
 // CreatePool with geometries both valid and not, Alloc (optionally from a
 // reservation, with request ids and expected generations, its blocks as ids
 // or as runs), Free of blocks the program holds mixed with ids it does not
-// (listed, as block runs, or both; now and then a malformed run), Reserve, ReleaseReservation,
-// SetMemoryLimit, Trim, Capacity, GetPageOccupancy, GetPool, ListPools,
+// (listed, as block runs, or both; now and then a malformed run), Reserve,
+// ReleaseReservation, SetMemoryLimit, Trim, Capacity, GetPageOccupancy, GetPool, ListPools,
 // DeletePool, a short WatchCapacity, a backend fault armed for the next
 // create/map/set-access/unmap/release call (out of memory or a recoverable
 // error), and a pass of the broker's maintenance.

@@ -2,7 +2,6 @@
 
 #include "server/proto_convert.h"
 
-#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -144,44 +143,6 @@ void ToProto(const std::vector<PageBlocks>& pages,
   }
 }
 
-absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
-                             absl::string_view field, int64_t max_ids,
-                             std::vector<int64_t>* ids) {
-  auto refuse = [&](std::string why) {
-    return MakeFailure(FailureReason::kInvalidArgument,
-                       absl::StrCat(field, ": ", why, "; nothing was freed"),
-                       {{"field", std::string(field)}},
-                       {{std::string(field), why}});
-  };
-  if (runs.size() % 2 != 0) {
-    return refuse(absl::StrCat(runs.size(),
-                               " values do not make (first, count) pairs"));
-  }
-  const int64_t before = static_cast<int64_t>(ids->size());
-  int64_t total = before;
-  for (size_t i = 0; i < runs.size(); i += 2) {
-    const int64_t first = runs[i], count = runs[i + 1];
-    // Which ids are blocks of the pool is the pool's to say, as for
-    // block_ids; a run only has to name ids that exist.
-    if (count < 1 || first > std::numeric_limits<int64_t>::max() - (count - 1)) {
-      return refuse(absl::StrCat("run (", first, ", ", count,
-                                 ") names no ids or ids past 2^63 - 1"));
-    }
-    if (count > max_ids - total) {
-      return refuse(absl::StrCat("more than ", max_ids, " blocks in one call"));
-    }
-    total += count;
-  }
-  ids->resize(static_cast<size_t>(total));
-  int64_t* out = ids->data() + before;
-  // first + k, never one past the run: a run may end at the largest id,
-  // where std::iota's last increment would overflow.
-  for (size_t i = 0; i < runs.size(); i += 2) {
-    for (int64_t k = 0; k < runs[i + 1]; ++k) *out++ = runs[i] + k;
-  }
-  return absl::OkStatus();
-}
-
 void ToProto(const PageOccupancy& o, v1::PageOccupancy* out) {
   out->set_page_id(o.page_id);
   out->set_usable_blocks(o.usable_blocks.value());
@@ -236,8 +197,13 @@ absl::StatusOr<FreeRequest> FromProto(const v1::FreeRequest& request,
   FreeRequest free = FromProto(request);
   if (request.block_runs().empty()) return free;
   storage->assign(request.block_ids().begin(), request.block_ids().end());
-  KVB_RETURN_IF_ERROR(ExpandBlockRuns(request.block_runs(), "block_runs",
-                                      max_ids, storage));
+  if (absl::Status s = ExpandBlockRuns(request.block_runs(), max_ids, storage);
+      !s.ok()) {
+    const std::string why(s.message());
+    return MakeFailure(FailureReason::kInvalidArgument,
+                       absl::StrCat("block_runs: ", why, "; nothing was freed"),
+                       {{"field", "block_runs"}}, {{"block_runs", why}});
+  }
   free.block_ids = *storage;
   return free;
 }

@@ -19,9 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "absl/types/span.h"
 #include "allocator/geometry.h"
 #include "allocator/page_pool.h"
 #include "common/block_runs.h"
@@ -41,13 +39,6 @@ void ToProto(const CapacitySnapshot& snapshot, v1::CapacitySnapshot* out);
 void ToProto(const std::vector<PageBlocks>& pages,
              google::protobuf::RepeatedPtrField<v1::PageBlocks>* out);
 
-// Appends the ids that block runs (common/block_runs.h) name to `*ids`. INVALID_ARGUMENT naming `field`,
-// with `*ids` unchanged, for an odd number of values, a count below 1, a
-// run past the largest int64, or more than `max_ids` ids in `*ids`
-// afterwards. Whether the ids are blocks of a pool is the pool's check.
-absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
-                             absl::string_view field, int64_t max_ids,
-                             std::vector<int64_t>* ids);
 void ToProto(const PageOccupancy& occupancy, v1::PageOccupancy* out);
 
 // The pool's spec, derived geometry and `capacity`.
@@ -61,8 +52,9 @@ void ToProto(absl::Time t, google::protobuf::Timestamp* out);
 // Requests. FreeRequest views the message's block ids: `request` must
 // outlive the returned value.
 AllocRequest FromProto(const v1::AllocRequest& request);
-// A Free of block_ids and block_runs together, at most `max_ids` blocks
-// (ExpandBlockRuns' refusals). Without runs the result views the message's
+// A Free of block_ids and block_runs together, at most `max_ids` blocks:
+// what ExpandBlockRuns (common/block_runs.h) rejects is INVALID_ARGUMENT
+// naming block_runs. Without runs the result views the message's
 // block_ids; with them, `*storage`, which must outlive it.
 absl::StatusOr<FreeRequest> FromProto(const v1::FreeRequest& request,
                                       int64_t max_ids,

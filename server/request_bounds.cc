@@ -93,7 +93,7 @@ absl::Status CheckBounds(const v1::FreeRequest& request) {
   KVB_RETURN_IF_ERROR(
       CheckList("block_ids", request.block_ids_size(), kMaxBlockIdsPerCall));
   // Two values per run; the blocks they name are bounded where they are
-  // expanded (proto_convert.h, ExpandBlockRuns).
+  // expanded (proto_convert.h, FromProto of a FreeRequest).
   return CheckList("block_runs", request.block_runs_size(),
                    2 * kMaxBlockIdsPerCall);
 }
