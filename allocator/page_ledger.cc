@@ -3,6 +3,7 @@
 #include "allocator/page_ledger.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <iterator>
 #include <numeric>
@@ -19,6 +20,32 @@ bool IsMapped(PageState s) {
 }
 
 }  // namespace
+
+// Owners are one byte per block: eight are compared per step. In w, the
+// XOR of eight owners with eight copies of `o`, a byte is zero exactly when
+// its owner is `o`; adding 0x7f to a byte's low seven bits carries into its
+// high bit unless they are zero, and no byte carries into the next.
+int64_t PageLedger::CountOwnedBy(BlockId first, BlockId end,
+                                 BlockOwner o) const {
+  constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL;
+  const uint64_t copies = 0x0101010101010101ULL * static_cast<uint8_t>(o);
+  const BlockOwner* at = owner_.data() + first;
+  int64_t n = end - first, count = 0;
+  for (; n >= 8; n -= 8, at += 8) {
+    uint64_t w;
+    std::memcpy(&w, at, sizeof w);
+    w ^= copies;
+    count += 8 - __builtin_popcountll((((w & kLow7) + kLow7) | w) & ~kLow7);
+  }
+  for (; n > 0; --n, ++at) count += *at == o;
+  return count;
+}
+
+void PageLedger::SetOwner(BlockId first, BlockId end, BlockOwner o) {
+  static_assert(sizeof(BlockOwner) == 1);
+  std::memset(owner_.data() + first, static_cast<uint8_t>(o),
+              static_cast<size_t>(end - first));
+}
 
 const char* PageStateName(PageState s) {
   switch (s) {
@@ -171,7 +198,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
     uint64_t bits = free_bits_[word] & WordMask(word, page.begin, page.end);
     if (bits == ~uint64_t{0} && n - taken >= 64) {  // a whole word
       const BlockId first = word << 6;
-      std::fill_n(owner_.begin() + first, 64, owner);
+      SetOwner(first, first + 64, owner);
       const size_t at = out->size();
       out->resize(at + 64);
       std::iota(out->begin() + at, out->end(), first);
@@ -186,7 +213,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
       // One run of set bits, all of it needed (a fresh page's part of a
       // word): fill, not bit by bit.
       const BlockId first = (word << 6) + shift;
-      std::fill_n(owner_.begin() + first, count, owner);
+      SetOwner(first, first + count, owner);
       const size_t at = out->size();
       out->resize(at + count);
       std::iota(out->begin() + at, out->end(), first);
@@ -365,11 +392,9 @@ PageIds PageLedger::ReturnBlocks(absl::Span<const BlockId> ascending) {
         (run == ascending.size() || ascending[run] >= page.end)) {
       const BlockId first = ascending[i];
       const BlockId end = ascending[run - 1] + 1;
-      reserved = std::count(owner_.begin() + first, owner_.begin() + end,
-                            BlockOwner::kReserved);
+      reserved = CountOwnedBy(first, end, BlockOwner::kReserved);
       allocated = (end - first) - reserved;
-      std::fill(owner_.begin() + first, owner_.begin() + end,
-                BlockOwner::kNone);
+      SetOwner(first, end, BlockOwner::kNone);
       for (int64_t word = first >> 6; (word << 6) < end; ++word) {
         free_bits_[word] |= WordMask(word, first, end);
       }

@@ -117,9 +117,10 @@ class PageLedger {
   BlockOwner owner(BlockId b) const { return owner_[b]; }
   // Whether every block of [first, end) is owned by `o`.
   bool AllOwnedBy(BlockId first, BlockId end, BlockOwner o) const {
-    return std::count(owner_.begin() + first, owner_.begin() + end, o) ==
-           end - first;
+    return CountOwnedBy(first, end, o) == end - first;
   }
+  // How many blocks of [first, end) are owned by `o`.
+  int64_t CountOwnedBy(BlockId first, BlockId end, BlockOwner o) const;
   PageCount pages(PageState s) const {
     return PageCount(state_pages_[static_cast<int>(s)]);
   }
@@ -250,6 +251,7 @@ class PageLedger {
   int64_t TakeFromPage(PageId p, int64_t n, BlockOwner owner,
                        std::vector<BlockId>* out);
   void SetFreeBits(PageId p, bool on);
+  void SetOwner(BlockId first, BlockId end, BlockOwner o);
   void CountTaken(BlockOwner owner, int64_t n);
 
   const Geometry* const geometry_;

@@ -6,6 +6,7 @@
 #include "allocator/page_ledger.h"
 
 #include <algorithm>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -125,6 +126,41 @@ TEST(PageLedgerTest, AbortedAcquisitionRestoresEverythingExactly) {
   EXPECT_EQ(l.open_free(), open_before);
   EXPECT_EQ(l.reserved(), BlockCount(0));
   EXPECT_EQ(l.allocated(), BlockCount(1));
+  EXPECT_EQ(l.Check(), "");
+}
+
+TEST(PageLedgerTest, OwnerRunsCountAndReturnAtAnyAlignment) {
+  const Geometry g = MakeGeometry(MiB(2), KiB(32), 256);  // 4 pages of 64
+  PageLedger l(&g);
+  MapIdle(l, 2);
+  std::vector<BlockId> reserved, allocated;
+  std::vector<PageId> from_idle;
+  l.TakeMapped(BlockCount(40), BlockOwner::kReserved, &reserved, &from_idle);
+  l.TakeMapped(BlockCount(60), BlockOwner::kAllocated, &allocated,
+               &from_idle);
+  ASSERT_EQ(reserved.front(), 0);
+  ASSERT_EQ(allocated.back(), 99);
+  // Every range of the two mapped pages, against a count of one owner at a
+  // time: starts and lengths off and on eight-block boundaries alike.
+  for (BlockOwner o : {BlockOwner::kNone, BlockOwner::kAllocated,
+                       BlockOwner::kReserved}) {
+    for (BlockId first = 0; first <= 128; ++first) {
+      int64_t expected = 0;
+      for (BlockId end = first; end <= 128; ++end) {
+        if (end > first) expected += l.owner(end - 1) == o;
+        ASSERT_EQ(l.CountOwnedBy(first, end, o), expected)
+            << first << ".." << end;
+        ASSERT_EQ(l.AllOwnedBy(first, end, o), expected == end - first);
+      }
+    }
+  }
+  // A run of 20 returned at once, ten of them reserved, ten allocated.
+  std::vector<BlockId> run(20);
+  std::iota(run.begin(), run.end(), BlockId{30});
+  EXPECT_TRUE(l.ReturnBlocks(run).empty());
+  EXPECT_EQ(l.reserved(), BlockCount(30));
+  EXPECT_EQ(l.allocated(), BlockCount(50));
+  EXPECT_EQ(l.CountOwnedBy(0, 128, BlockOwner::kNone), 48);
   EXPECT_EQ(l.Check(), "");
 }
 
