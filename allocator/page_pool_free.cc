@@ -62,19 +62,25 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
                geometry_.page_of(ascending.front()) <
            static_cast<PageId>(step_pages_));
   if (!repeated && !one_step) {
-    // Ids below next_page are on the page of the last one counted: one
-    // division per page, not per id.
-    BlockId next_page = 0;
+    // A step starts at the first id of a page. Ids that are no blocks
+    // (refused below) sort before 0 or from max_blocks on, so the others
+    // are one stretch; a page's ids from b on, being distinct, lie within
+    // the next (next_page - b) places: a bounded search per page, not a
+    // test per id.
+    using It = absl::Span<const BlockId>::const_iterator;
+    It it = std::lower_bound(ascending.begin(), ascending.end(), BlockId{0});
+    const It valid_end = std::lower_bound(it, ascending.end(), max_blocks);
     size_t pages = 0;
-    for (size_t i = 0; i < ascending.size(); ++i) {
-      const BlockId b = ascending[i];
-      if (b < 0 || b >= max_blocks) continue;  // refused below
-      if (pages > 0 && b < next_page) continue;
-      next_page = geometry_.range(geometry_.page_of(b) + 1).begin;
+    while (it != valid_end) {
       if (++pages > step_pages_) {
-        cuts.push_back(i);
+        cuts.push_back(static_cast<size_t>(it - ascending.begin()));
         pages = 1;
       }
+      const BlockId next_page =
+          geometry_.range(geometry_.page_of(*it) + 1).begin;
+      const It bound = it + std::min<ptrdiff_t>(next_page - *it,
+                                                valid_end - it);
+      it = std::lower_bound(it + 1, bound, next_page);
     }
   }
   cuts.push_back(ascending.size());
