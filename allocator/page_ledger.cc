@@ -24,18 +24,23 @@ bool IsMapped(PageState s) {
 // Owners are one byte per block: eight are compared per step. In w, the
 // XOR of eight owners with eight copies of `o`, a byte is zero exactly when
 // its owner is `o`; adding 0x7f to a byte's low seven bits carries into its
-// high bit unless they are zero, and no byte carries into the next.
+// high bit unless they are zero, and no byte carries into the next. The
+// eight high bits, moved to each byte's low bit and multiplied by kOnes, sum
+// into the top byte (at most 8, so no lane overflows): a multiply, where a
+// popcount would be a library call on a build without -mpopcnt.
 int64_t PageLedger::CountOwnedBy(BlockId first, BlockId end,
                                  BlockOwner o) const {
   constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL;
-  const uint64_t copies = 0x0101010101010101ULL * static_cast<uint8_t>(o);
+  constexpr uint64_t kOnes = 0x0101010101010101ULL;
+  const uint64_t copies = kOnes * static_cast<uint8_t>(o);
   const BlockOwner* at = owner_.data() + first;
   int64_t n = end - first, count = 0;
   for (; n >= 8; n -= 8, at += 8) {
     uint64_t w;
     std::memcpy(&w, at, sizeof w);
     w ^= copies;
-    count += 8 - __builtin_popcountll((((w & kLow7) + kLow7) | w) & ~kLow7);
+    const uint64_t nonzero = (((w & kLow7) + kLow7) | w) & ~kLow7;
+    count += 8 - static_cast<int64_t>(((nonzero >> 7) * kOnes) >> 56);
   }
   for (; n > 0; --n, ++at) count += *at == o;
   return count;
