@@ -362,6 +362,11 @@ TEST_F(AttachServerTest, BlockRunsOnTheSession) {
   EXPECT_EQ(refused({}, {0, 13}), FailureReason::kBlockNotAllocated);
   EXPECT_EQ(refused({}, {-3, 3}), FailureReason::kBlockNotAllocated);
   EXPECT_EQ(refused({}, {kTop - 1, 2}), FailureReason::kBlockNotAllocated);
+  // Runs alone, the first taken whole before the next fails: a repeat
+  // across them, a run past the allocation. The holder keeps all twelve
+  // (the Frees below need every one of them).
+  EXPECT_EQ(refused({}, {0, 4, 2, 2}), FailureReason::kInvalidArgument);
+  EXPECT_EQ(refused({}, {0, 4, 4, 9}), FailureReason::kBlockNotAllocated);
   EXPECT_EQ(Allocated(), 12);
 
   kv1::FreeRequest free;

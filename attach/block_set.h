@@ -15,7 +15,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
+
+#include "absl/types/span.h"
 
 namespace kvbroker::attach {
 
@@ -44,6 +47,17 @@ class BlockSet {
       int64_t end = begin + 1;
       for (++first; first != last && *first == end; ++first) ++end;
       InsertRange(begin, end);
+    }
+  }
+  // The same for ids ascending and distinct (one page of an Alloc): a
+  // stretch without gaps is told from its ends and set as one range.
+  void InsertAscending(absl::Span<const int64_t> ids) {
+    if (ids.empty()) return;
+    if (ids.back() - ids.front() == static_cast<int64_t>(ids.size()) - 1 &&
+        ids.back() < std::numeric_limits<int64_t>::max()) {
+      InsertRange(ids.front(), ids.back() + 1);
+    } else {
+      insert(ids.begin(), ids.end());
     }
   }
   // Inserts [begin, end). REQUIRES: 0 <= begin <= end.

@@ -78,5 +78,18 @@ TEST(BlockSet, InsertCutsIdsIntoRuns) {
   EXPECT_EQ(s.size(), 8);
 }
 
+// Ascending ids with no gap are set as one range, with gaps id by id; the
+// same set either way.
+TEST(BlockSet, InsertAscendingAgreesWithInsert) {
+  for (const std::vector<int64_t>& ids : std::vector<std::vector<int64_t>>{
+           {}, {7}, {60, 61, 62, 63, 64, 65}, {0, 1, 2, 64, 65}, {3, 5}}) {
+    BlockSet ascending, one_by_one;
+    ascending.InsertAscending(ids);
+    one_by_one.insert(ids.begin(), ids.end());
+    EXPECT_EQ(ascending.Sorted(), one_by_one.Sorted());
+    EXPECT_EQ(ascending.size(), static_cast<int64_t>(ids.size()));
+  }
+}
+
 }  // namespace
 }  // namespace kvbroker::attach

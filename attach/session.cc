@@ -468,7 +468,7 @@ absl::Status AttachServer::Session::AllocForHolder(
   if (!result->replayed) {
     absl::MutexLock lock(&server_->mu_);
     for (const PageBlocks& p : result->pages) {
-      holder_entry_->blocks.insert(p.block_ids.begin(), p.block_ids.end());
+      holder_entry_->blocks.InsertAscending(p.block_ids);
     }
   }
   return absl::OkStatus();
@@ -476,12 +476,28 @@ absl::Status AttachServer::Session::AllocForHolder(
 
 absl::Status AttachServer::Session::TakeOwned(Holder& h,
                                               absl::Span<const int64_t> ids,
+                                              absl::Span<const int64_t> runs,
                                               const std::string& holder) {
+  constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
+  // The caller's runs first: a run the holder owns whole is erased whole (a
+  // repeat across runs finds its ids gone). At the first that fails, those
+  // erased go back and the ids below find and name the culprit.
+  size_t erased = 0;
+  for (; erased + 1 < runs.size(); erased += 2) {
+    const int64_t first = runs[erased], count = runs[erased + 1];
+    if (first < 0 || count < 1 || first > kLargest - count ||
+        !h.blocks.EraseRange(first, first + count)) {
+      break;
+    }
+  }
+  if (!runs.empty() && erased == runs.size()) return absl::OkStatus();
+  for (size_t i = 0; i < erased; i += 2) {
+    h.blocks.InsertRange(runs[i], runs[i] + runs[i + 1]);
+  }
   // Each id is taken out as it is checked, so a repeat finds itself gone;
   // on a refusal the ones taken go back and nothing changed.
   // Runs of consecutive ids go a word at a time; a run with an id the
   // holder lacks is walked one by one up to it.
-  constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
   size_t taken = 0;
   while (taken < ids.size()) {
     size_t run = taken + 1;
@@ -567,7 +583,13 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
     const bool retry =
         !request_id.empty() && h.free_request_set.contains(request_id);
     if (!retry) {
-      KVB_RETURN_IF_ERROR(TakeOwned(h, ids, holder_));
+      // Runs stand for the ids only when they are all the Free named.
+      const absl::Span<const int64_t> runs =
+          request.block_ids_size() == 0
+              ? absl::MakeConstSpan(request.block_runs().data(),
+                                    request.block_runs_size())
+              : absl::Span<const int64_t>();
+      KVB_RETURN_IF_ERROR(TakeOwned(h, ids, runs, holder_));
       taken = true;
     }
   }

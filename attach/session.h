@@ -108,8 +108,12 @@ class AttachServer::Session {
                               bool as_runs = false);
   // Takes `ids` out of the holder's set if it owns each exactly once;
   // otherwise changes nothing and refuses (INVALID_ARGUMENT for a repeat,
-  // BLOCK_NOT_ALLOCATED for one it does not own).
+  // BLOCK_NOT_ALLOCATED for one it does not own). `runs`, when not empty,
+  // are (first, count) pairs that expand to exactly `ids` (a Free that
+  // named its blocks by runs only): each is taken a word at a time, and
+  // only a refusal walks the ids.
   static absl::Status TakeOwned(Holder& h, absl::Span<const int64_t> ids,
+                                absl::Span<const int64_t> runs,
                                 const std::string& holder);
   // Remembers a Free's request id (bounded) so that its retry reaches the
   // pool's replay.
