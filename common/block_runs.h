@@ -110,7 +110,9 @@ inline absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
   // first + k, never one past the run: a run may end at the largest id,
   // where std::iota's last increment would overflow.
   for (size_t i = 0; i < runs.size(); i += 2) {
-    for (int64_t k = 0; k < runs[i + 1]; ++k) *out++ = runs[i] + k;
+    const int64_t first = runs[i], count = runs[i + 1];
+    for (int64_t k = 0; k < count; ++k) out[k] = first + k;
+    out += count;
   }
   return absl::OkStatus();
 }
