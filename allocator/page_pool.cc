@@ -713,6 +713,11 @@ std::vector<PageBlocks> PagePool::GroupByPage(
     out.push_back({first, std::move(blocks)});
     return out;
   }
+  // A page holds at least P/B - 1 blocks (one fewer where a block
+  // straddles its edge): room for every page, barring runs cut short.
+  const int64_t per_page = std::max<int64_t>(
+      1, geometry_.page_size().value() / geometry_.block_bytes().value() - 1);
+  out.reserve(blocks.size() / static_cast<size_t>(per_page) + 2);
   for (auto it = blocks.begin(); it != blocks.end();) {
     const PageId p = geometry_.page_of(*it);
     const auto end = run_end(it, geometry_.range(p).end);
