@@ -6,7 +6,6 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
-#include <numeric>
 
 #include "absl/base/macros.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +16,16 @@ namespace {
 bool IsMapped(PageState s) {
   return s == PageState::kIdle || s == PageState::kOpen ||
          s == PageState::kFull || s == PageState::kMapping;
+}
+
+// Appends first .. first + count - 1, written by index: fewer instructions
+// per id than std::iota over the vector's iterators (bench/RESULTS.md,
+// "Fewer steps per block").
+void AppendIds(BlockId first, int64_t count, std::vector<BlockId>* out) {
+  const size_t at = out->size();
+  out->resize(at + static_cast<size_t>(count));
+  BlockId* dst = out->data() + at;
+  for (int64_t k = 0; k < count; ++k) dst[k] = first + k;
 }
 
 }  // namespace
@@ -204,9 +213,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
     if (bits == ~uint64_t{0} && n - taken >= 64) {  // a whole word
       const BlockId first = word << 6;
       SetOwner(first, first + 64, owner);
-      const size_t at = out->size();
-      out->resize(at + 64);
-      std::iota(out->begin() + at, out->end(), first);
+      AppendIds(first, 64, out);
       free_bits_[word] = 0;
       taken += 64;
       continue;
@@ -219,9 +226,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
       // word): fill, not bit by bit.
       const BlockId first = (word << 6) + shift;
       SetOwner(first, first + count, owner);
-      const size_t at = out->size();
-      out->resize(at + count);
-      std::iota(out->begin() + at, out->end(), first);
+      AppendIds(first, count, out);
       free_bits_[word] &= ~bits;
       taken += count;
       continue;
