@@ -163,9 +163,8 @@ Sizes FrameSizes(engine::Session& s, int64_t n) {
       static_cast<int64_t>(ids.size()) != n) {
     Die("FrameSizes: wrong count");
   }
-  if (runs && 2 * CountBlockRuns(ids) < ids.size()) {
-    AppendBlockRuns(ids, fr.mutable_free()->mutable_block_runs());
-  } else {
+  if (!runs ||
+      !BlockRunsIfShorter(ids, fr.mutable_free()->mutable_block_runs())) {
     fr.mutable_free()->mutable_block_ids()->Add(ids.begin(), ids.end());
   }
   z.free_request = attach::kHeaderBytes + fr.ByteSizeLong();

@@ -38,21 +38,53 @@ inline void AppendBlockRun(int64_t first, int64_t count, BlockRunList* runs) {
   runs->Add(count);
 }
 
+// The end of the stretch of consecutive ids that starts at ids[i]: the
+// least end > i with end == ids.size() or ids[end] != ids[end - 1] + 1. A
+// stretch never wraps past the largest int64. Along a stretch ids[j] - j is
+// constant, one comparison per id (in unsigned arithmetic, which wraps
+// where int64 would overflow; a stretch that wrapped is cut below).
+inline size_t ConsecutiveEnd(absl::Span<const int64_t> ids, size_t i) {
+  const uint64_t base = static_cast<uint64_t>(ids[i]) - i;
+  size_t end = i + 1;
+  while (end < ids.size() && static_cast<uint64_t>(ids[end]) - end == base) {
+    ++end;
+  }
+  const int64_t first = ids[i];
+  constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
+  if (first > 0 && end - i - 1 > static_cast<uint64_t>(kLargest - first)) {
+    end = i + static_cast<size_t>(kLargest - first) + 1;
+  }
+  return end;
+}
+
 // Appends `ids`, in the order given, one pair per stretch of consecutive
 // ids (merged with the last pair already there when it continues it):
 // expanding the pairs gives the ids back exactly.
 inline void AppendBlockRuns(absl::Span<const int64_t> ids, BlockRunList* runs) {
-  size_t i = 0;
-  while (i < ids.size()) {
-    size_t end = i + 1;
-    while (end < ids.size() &&
-           ids[end - 1] < std::numeric_limits<int64_t>::max() &&
-           ids[end] == ids[end - 1] + 1) {
-      ++end;
-    }
+  for (size_t i = 0; i < ids.size();) {
+    const size_t end = ConsecutiveEnd(ids, i);
     AppendBlockRun(ids[i], static_cast<int64_t>(end - i), runs);
     i = end;
   }
+}
+
+// AppendBlockRuns into an empty `*runs` when the pairs take fewer values
+// than the ids themselves (a caller's choice between FreeRequest's
+// block_runs and block_ids): true then; otherwise false and `*runs` empty.
+// One pass, given up as soon as the pairs reach the ids' length.
+inline bool BlockRunsIfShorter(absl::Span<const int64_t> ids,
+                               BlockRunList* runs) {
+  runs->Clear();
+  for (size_t i = 0; i < ids.size();) {
+    const size_t end = ConsecutiveEnd(ids, i);
+    AppendBlockRun(ids[i], static_cast<int64_t>(end - i), runs);
+    if (static_cast<size_t>(runs->size()) >= ids.size()) {
+      runs->Clear();
+      return false;
+    }
+    i = end;
+  }
+  return !ids.empty();
 }
 
 // The same for ids known to be ascending and distinct (one page of an
@@ -68,27 +100,16 @@ inline void AppendAscendingBlockRuns(absl::Span<const int64_t> ids,
   }
 }
 
-// How many pairs AppendBlockRuns writes for `ids` into an empty list.
-inline size_t CountBlockRuns(absl::Span<const int64_t> ids) {
-  size_t runs = ids.empty() ? 0 : 1;
-  for (size_t i = 1; i < ids.size(); ++i) {
-    if (ids[i - 1] == std::numeric_limits<int64_t>::max() ||
-        ids[i] != ids[i - 1] + 1) {
-      ++runs;
-    }
-  }
-  return runs;
-}
-
 // Appends the ids `runs` names to `*ids`. INVALID_ARGUMENT, with `*ids`
 // unchanged, for an odd number of values, a count below 1, a run past the
 // largest int64, or more than `max_ids` ids in `*ids` afterwards. Which ids
 // are blocks of a pool is the pool's to say, as for listed ids.
 inline absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
-                                    int64_t max_ids, std::vector<int64_t>* ids) {
+                                    int64_t max_ids,
+                                    std::vector<int64_t>* ids) {
   if (runs.size() % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        runs.size(), " values do not make (first, count) pairs"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(runs.size(), " values do not make (first, count) pairs"));
   }
   const int64_t before = static_cast<int64_t>(ids->size());
   int64_t total = before;

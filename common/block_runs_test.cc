@@ -51,13 +51,66 @@ TEST(BlockRunsTest, OrderIsKeptAndRepeatsSurvive) {
   EXPECT_EQ(Expand(Runs(ids)), ids);
 }
 
-TEST(BlockRunsTest, CountMatchesThePairsWritten) {
-  for (const std::vector<int64_t>& ids : std::vector<std::vector<int64_t>>{
-           {}, {4}, {0, 1, 3}, {9, 10, 3, 4, 5, 5, 11, 2},
-           {std::numeric_limits<int64_t>::max(),
-            std::numeric_limits<int64_t>::min()}}) {
-    EXPECT_EQ(2 * CountBlockRuns(ids), Runs(ids).size());
+TEST(BlockRunsTest, RunsWhereShorterThanTheIds) {
+  constexpr int64_t kTop = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kBottom = std::numeric_limits<int64_t>::min();
+  for (const std::vector<int64_t>& ids :
+       std::vector<std::vector<int64_t>>{{},
+                                         {4},
+                                         {4, 5},
+                                         {4, 5, 6},
+                                         {0, 1, 3},
+                                         {9, 10, 3, 4, 5, 5, 11, 2},
+                                         {kTop - 1, kTop, kBottom, kBottom + 1},
+                                         {-2, -1, 0, 1, 2}}) {
+    BlockRunList runs;
+    runs.Add(77);  // whatever was there goes
+    const bool shorter = BlockRunsIfShorter(ids, &runs);
+    EXPECT_EQ(shorter, Runs(ids).size() < ids.size())
+        << testing::PrintToString(ids);
+    if (shorter) {
+      EXPECT_EQ(std::vector<int64_t>(runs.begin(), runs.end()), Runs(ids));
+    } else {
+      EXPECT_THAT(runs, IsEmpty());
+    }
   }
+}
+
+// ConsecutiveEnd: every length of stretch and every position of the first
+// break, against the plain definition.
+TEST(BlockRunsTest, ConsecutiveEndAtEveryBreak) {
+  for (size_t size = 1; size <= 40; ++size) {
+    for (size_t brk = 0; brk <= size; ++brk) {
+      std::vector<int64_t> ids(size);
+      for (size_t j = 0; j < size; ++j) {
+        ids[j] = 1000 + static_cast<int64_t>(j) + (j >= brk ? 5 : 0);
+      }
+      for (size_t i = 0; i < size; ++i) {
+        size_t expected = i + 1;
+        while (expected < size && ids[expected] == ids[expected - 1] + 1) {
+          ++expected;
+        }
+        ASSERT_EQ(ConsecutiveEnd(ids, i), expected)
+            << "size " << size << " break " << brk << " from " << i;
+      }
+    }
+  }
+}
+
+// A stretch ends at the largest int64 even where the ids go on from the
+// smallest (consecutive in two's complement, not as numbers).
+TEST(BlockRunsTest, NoStretchWrapsPastTheLargestId) {
+  constexpr int64_t kTop = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kBottom = std::numeric_limits<int64_t>::min();
+  std::vector<int64_t> ids;
+  for (int64_t k = 11; k >= 0; --k) ids.push_back(kTop - k);
+  for (int64_t k = 0; k < 12; ++k) ids.push_back(kBottom + k);
+  EXPECT_EQ(ConsecutiveEnd(ids, 0), 12u);
+  EXPECT_EQ(ConsecutiveEnd(ids, 5), 12u);
+  EXPECT_EQ(ConsecutiveEnd(ids, 11), 12u);
+  EXPECT_EQ(ConsecutiveEnd(ids, 12), 24u);
+  EXPECT_THAT(Runs(ids), ElementsAre(kTop - 11, 12, kBottom, 12));
+  EXPECT_EQ(Expand(Runs(ids)), ids);
 }
 
 TEST(BlockRunsTest, ARunThatContinuesTheLastPairExtendsIt) {
@@ -85,8 +138,8 @@ TEST(BlockRunsTest, LargestIdDoesNotOverflow) {
 
 TEST(BlockRunsTest, ExpandAppendsWhatTheRunsName) {
   std::vector<int64_t> ids = {7};
-  ASSERT_TRUE(ExpandBlockRuns(Runs({9, 10, 3, 4, 5, 5, 11, 2}), 100, &ids)
-                  .ok());
+  ASSERT_TRUE(
+      ExpandBlockRuns(Runs({9, 10, 3, 4, 5, 5, 11, 2}), 100, &ids).ok());
   EXPECT_THAT(ids, ElementsAre(7, 9, 10, 3, 4, 5, 5, 11, 2));
   const int64_t top = std::numeric_limits<int64_t>::max();
   std::vector<int64_t> at_top;

@@ -445,9 +445,7 @@ absl::StatusOr<kv1::FreeResponse> Session::Free(
   av1::Frame* f = NewRequest();
   kv1::FreeRequest* request = f->mutable_free();
   // Runs where they are shorter: scattered ids stay a list.
-  if (runs_ && 2 * CountBlockRuns(block_ids) < block_ids.size()) {
-    AppendBlockRuns(block_ids, request->mutable_block_runs());
-  } else {
+  if (!runs_ || !BlockRunsIfShorter(block_ids, request->mutable_block_runs())) {
     request->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
   }
   if (!request_id.empty()) request->set_request_id(request_id);
