@@ -506,9 +506,13 @@ class PagePool {
                       IdempotencyWindow::Outcome outcome)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Groups blocks of one acquisition by page, pages ascending. Reads only
-  // the geometry: callable without the lock.
-  std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks) const;
+  // Groups blocks of one acquisition by page, pages ascending. `blocks` is
+  // made of two parts, either of which may be empty: [0, sorted), ids
+  // ascending (a reservation's), then the ledger's, where each page appears
+  // once with its ids ascending (PageLedger::TakeMapped and the fresh pages'
+  // takes). Reads only the geometry: callable without the lock.
+  std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks,
+                                      size_t sorted) const;
   LimitInfo LimitInfoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Bytes MappedBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
