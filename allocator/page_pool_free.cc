@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,28 @@
 namespace kvbroker {
 
 namespace {
+
+// Whether `runs` are (first, count) pairs of `n` ids in all, each starting
+// past the end of the one before: their expansion is strictly ascending.
+// One step per pair.
+bool RunsAscending(absl::Span<const int64_t> runs, size_t n) {
+  if (runs.empty() || runs.size() % 2 != 0) return false;
+  int64_t next = std::numeric_limits<int64_t>::min();
+  uint64_t total = 0;
+  for (size_t i = 0; i < runs.size(); i += 2) {
+    const int64_t first = runs[i], count = runs[i + 1];
+    if (count < 1 || first < next ||
+        first > std::numeric_limits<int64_t>::max() - (count - 1)) {
+      return false;
+    }
+    total += static_cast<uint64_t>(count);
+    if (first + (count - 1) == std::numeric_limits<int64_t>::max()) {
+      return i + 2 == runs.size() && total == n;
+    }
+    next = first + count;
+  }
+  return total == n;
+}
 
 // The ids themselves would make the fingerprint (and every remembered
 // Free) as long as the request; a 64-bit hash of them, with the count,
@@ -36,11 +59,14 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
   absl::StatusOr<FreeResult> result;
   // Ordering the ids, finding a repeat and cutting them into steps need no
   // pool state. Ids as Alloc handed them out are already ascending: no copy
-  // then. One pass when they are strictly ascending (sorted, no repeat).
+  // then. One pass when they are strictly ascending (sorted, no repeat);
+  // none when the caller's runs already say so.
   std::vector<BlockId> sorted_copy;
   absl::Span<const BlockId> ascending = request.block_ids;
-  auto dup = std::adjacent_find(ascending.begin(), ascending.end(),
-                                std::greater_equal<BlockId>());
+  auto dup = RunsAscending(request.block_runs, ascending.size())
+                 ? ascending.end()
+                 : std::adjacent_find(ascending.begin(), ascending.end(),
+                                      std::greater_equal<BlockId>());
   if (dup != ascending.end()) {
     sorted_copy.assign(ascending.begin(), ascending.end());
     std::sort(sorted_copy.begin(), sorted_copy.end());
@@ -78,8 +104,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
       }
       const BlockId next_page =
           geometry_.range(geometry_.page_of(*it) + 1).begin;
-      const It bound = it + std::min<ptrdiff_t>(next_page - *it,
-                                                valid_end - it);
+      const It bound =
+          it + std::min<ptrdiff_t>(next_page - *it, valid_end - it);
       it = std::lower_bound(it + 1, bound, next_page);
     }
   }

@@ -260,6 +260,48 @@ TEST_F(PagePoolTest, FreeOfWholePagesRefusesABlockNotAllocated) {
   }
 }
 
+// A Free whose ids come with the caller's runs: ascending runs spare the
+// pass over the ids; runs out of order or overlapping are checked through
+// the ids as before (sorted, a repeat refused). The same outcome either way.
+TEST_F(PagePoolTest, FreeWithRunsChecksOrderFromThemOrFromTheIds) {
+  PoolOptions o;
+  o.max_idle_pages = 4;
+  o.step_pages = 1;
+  auto made =
+      PagePool::Create(FourBlockPages(16), &backend_, &budgets_, &clock_, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  PagePool& pool = **made;
+  ASSERT_TRUE(pool.Alloc({16, "", "", {}}).ok());  // 0..15
+  auto free_runs = [&](std::vector<BlockId> ids, std::vector<int64_t> runs) {
+    FreeRequest r;
+    r.block_ids = ids;
+    r.block_runs = runs;
+    return pool.Free(r);
+  };
+  // Overlapping runs name block 2 twice: refused, nothing freed.
+  absl::StatusOr<FreeResult> twice =
+      free_runs({0, 1, 2, 3, 2, 3}, {0, 4, 2, 2});
+  EXPECT_EQ(GetReason(twice.status()), FailureReason::kInvalidArgument);
+  EXPECT_EQ(pool.Capacity()->allocated_blocks.value(), 16);
+  // Descending runs: freed like their ids sorted.
+  absl::StatusOr<FreeResult> down = free_runs({12, 13, 4, 5, 6}, {12, 2, 4, 3});
+  ASSERT_TRUE(down.ok()) << down.status();
+  EXPECT_EQ(down->freed_blocks, 5);
+  // Ascending runs over three pages (three steps).
+  absl::StatusOr<FreeResult> up =
+      free_runs({0, 1, 2, 3, 8, 9, 10, 11, 14}, {0, 4, 8, 4, 14, 1});
+  ASSERT_TRUE(up.ok()) << up.status();
+  EXPECT_EQ(up->freed_blocks, 9);
+  // Ascending runs naming a block freed already: refused whole.
+  absl::StatusOr<FreeResult> stale = free_runs({7, 8, 15}, {7, 2, 15, 1});
+  EXPECT_EQ(GetReason(stale.status()), FailureReason::kBlockNotAllocated);
+  EXPECT_EQ(pool.Capacity()->allocated_blocks.value(), 2);  // 7 and 15
+  ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  ASSERT_TRUE(free_runs({7, 15}, {7, 1, 15, 1}).ok());
+  EXPECT_EQ(pool.Capacity()->allocated_blocks.value(), 0);
+  ASSERT_TRUE(pool.Shutdown(/*force=*/true).ok());
+}
+
 // PoolOptions::step_pages sets the walk's step: at one page a Free of ids
 // on three pages pauses twice validating and once before returning them,
 // and a mapping Alloc of three pages pauses twice committing them.

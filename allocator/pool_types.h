@@ -126,6 +126,11 @@ struct FreeRequest {
   // must stay valid until Free returns.
   absl::Span<const BlockId> block_ids;
   std::string request_id;
+  // Optional, viewed likewise: (first, count) pairs whose expansion is
+  // exactly block_ids (the RPC layer read them from the caller's runs).
+  // Pairs ascending and apart tell Free that the ids are strictly
+  // ascending without a pass over them; other pairs are not used.
+  absl::Span<const int64_t> block_runs;
 };
 
 struct FreeResult {

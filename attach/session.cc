@@ -593,8 +593,7 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
       taken = true;
     }
   }
-  FreeRequest free;
-  free.block_ids = ids;
+  FreeRequest free = *named;
   free.request_id = request_id;
   absl::StatusOr<FreeResult> result = pool_->Free(free);
   // The usual Free (ids taken, freed, no request id) has nothing to settle.

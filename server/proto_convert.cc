@@ -205,6 +205,7 @@ absl::StatusOr<FreeRequest> FromProto(const v1::FreeRequest& request,
                        {{"field", "block_runs"}}, {{"block_runs", why}});
   }
   free.block_ids = *storage;
+  if (request.block_ids().empty()) free.block_runs = request.block_runs();
   return free;
 }
 
