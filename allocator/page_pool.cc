@@ -432,6 +432,7 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       AwaitNotPendingLocked(id);
       if (std::optional<absl::StatusOr<AllocResult>> replay =
               ReplayLocked<AllocResult>(id, fingerprint)) {
+        if (replay->ok()) ReshapeResult(&**replay, request.as_runs);
         return *std::move(replay);
       }
       KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
@@ -481,8 +482,8 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       out.generation = generation_;
       stats_.blocks_allocated_total += out.num_blocks;
       if (!id.empty()) {
-        out.pages =
-            GroupByPage(std::move(acq.blocks), acq.from_reservation.size());
+        ShapeResult(&out, std::move(acq.blocks), acq.from_reservation.size(),
+                    request.as_runs);
         RememberLocked(id, fingerprint, out);
       } else {
         ungrouped = std::move(acq.blocks);
@@ -496,7 +497,8 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
     CloseLocked(&epi);
   }
   if (result.ok() && !ungrouped.empty()) {
-    result->pages = GroupByPage(std::move(ungrouped), ungrouped_sorted);
+    ShapeResult(&*result, std::move(ungrouped), ungrouped_sorted,
+                request.as_runs);
   }
   RunEpilogue(epi);
   return result;
@@ -694,6 +696,96 @@ void PagePool::RememberLocked(const std::string& request_id,
 // ---------------------------------------------------------------------------
 // Helpers
 
+namespace {
+
+// The end of the ascending run of ids below `end` that starts at
+// blocks[i], where blocks is an acquisition's (PagePool::GroupByPage says
+// what its two parts hold). Within one part a page's ids are distinct,
+// ascending and on no other stretch of that part, so when the id k - 1
+// places on (k as many as the page and the part leave room for) is
+// blocks[i] + k - 1, all k are consecutive: a whole page (what most
+// acquisitions take) is cut without a test per id.
+size_t PageRunEnd(absl::Span<const BlockId> blocks, size_t i, BlockId end,
+                  size_t sorted) {
+  const size_t part_end = i < sorted ? sorted : blocks.size();
+  const int64_t k =
+      std::min<int64_t>(static_cast<int64_t>(part_end - i), end - blocks[i]);
+  if (k > 1 && blocks[i + k - 1] == blocks[i] + (k - 1)) return i + k;
+  size_t j = i + 1;
+  while (j < blocks.size() && blocks[j] < end && blocks[j] > blocks[j - 1]) {
+    ++j;
+  }
+  return j;
+}
+
+}  // namespace
+
+void PagePool::ShapeResult(AllocResult* r, std::vector<BlockId> blocks,
+                           size_t sorted, bool as_runs) const {
+  if (as_runs) {
+    r->block_runs = BlockRunsOf(blocks, sorted);
+  } else {
+    r->pages = GroupByPage(std::move(blocks), sorted);
+  }
+}
+
+void PagePool::ReshapeResult(AllocResult* r, bool as_runs) const {
+  if (as_runs && !r->pages.empty()) {
+    const std::vector<BlockId> ids = AllBlockIds(r->pages);
+    r->block_runs = BlockRunsOf(ids, ids.size());
+    r->pages.clear();
+  } else if (!as_runs && !r->block_runs.empty()) {
+    std::vector<BlockId> ids = AllBlockIds(*r);
+    const size_t n = ids.size();
+    r->pages = GroupByPage(std::move(ids), n);
+    r->block_runs.clear();
+  }
+}
+
+std::vector<BlockId> PagePool::BlockRunsOf(const std::vector<BlockId>& blocks,
+                                           size_t sorted) const {
+  // Each page's run, cut into stretches of consecutive ids, in the order
+  // taken; then ordered by first id. The ids are distinct, so no two
+  // stretches overlap.
+  if (blocks.empty()) return {};
+  const size_t n = blocks.size();
+  if (PageRunEnd(blocks, 0, geometry_.range(geometry_.page_of(blocks[0])).end,
+                 sorted) == n &&
+      blocks[n - 1] - blocks[0] == static_cast<BlockId>(n - 1)) {
+    return {blocks[0], static_cast<BlockId>(n)};  // one stretch on one page
+  }
+  std::vector<std::pair<BlockId, int64_t>> stretches;
+  for (size_t i = 0; i < blocks.size();) {
+    const BlockId end = geometry_.range(geometry_.page_of(blocks[i])).end;
+    const size_t e = PageRunEnd(blocks, i, end, sorted);
+    if (blocks[e - 1] - blocks[i] == static_cast<BlockId>(e - 1 - i)) {
+      stretches.emplace_back(blocks[i], static_cast<int64_t>(e - i));
+    } else {
+      for (size_t j = i; j < e;) {
+        size_t k = j + 1;
+        while (k < e && blocks[k] == blocks[k - 1] + 1) ++k;
+        stretches.emplace_back(blocks[j], static_cast<int64_t>(k - j));
+        j = k;
+      }
+    }
+    i = e;
+  }
+  if (!std::is_sorted(stretches.begin(), stretches.end())) {
+    std::sort(stretches.begin(), stretches.end());
+  }
+  std::vector<BlockId> runs;
+  runs.reserve(2 * stretches.size());
+  for (const auto& [first, count] : stretches) {
+    if (!runs.empty() && runs[runs.size() - 2] + runs.back() == first) {
+      runs.back() += count;
+    } else {
+      runs.push_back(first);
+      runs.push_back(count);
+    }
+  }
+  return runs;
+}
+
 std::vector<PageBlocks> PagePool::GroupByPage(std::vector<BlockId> blocks,
                                               size_t sorted) const {
   std::vector<PageBlocks> out;
@@ -706,20 +798,10 @@ std::vector<PageBlocks> PagePool::GroupByPage(std::vector<BlockId> blocks,
   const auto by_page = [](const PageBlocks& a, const PageBlocks& b) {
     return a.page_id < b.page_id;
   };
-  // The end of the ascending run of ids below `end` from `it` on. Within
-  // one part a page's ids are distinct, ascending and on no other stretch
-  // of that part, so when the id k - 1 places on (k as many as the page
-  // and the part leave room for) is *it + k - 1, all k are consecutive: a
-  // whole page (what most acquisitions take) is cut without a test per id.
   auto run_end = [&](std::vector<BlockId>::iterator it, BlockId end) {
-    const size_t i = static_cast<size_t>(it - blocks.begin());
-    const size_t part_end = i < sorted ? sorted : blocks.size();
-    const int64_t k =
-        std::min<int64_t>(static_cast<int64_t>(part_end - i), end - *it);
-    if (k > 1 && it[k - 1] == *it + (k - 1)) return it + k;
-    for (++it; it != blocks.end() && *it<end&& * it> it[-1]; ++it) {
-    }
-    return it;
+    return blocks.begin() +
+           static_cast<ptrdiff_t>(PageRunEnd(
+               blocks, static_cast<size_t>(it - blocks.begin()), end, sorted));
   };
   const PageId first = geometry_.page_of(blocks.front());
   if (run_end(blocks.begin(), geometry_.range(first).end) == blocks.end()) {

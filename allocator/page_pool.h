@@ -513,6 +513,17 @@ class PagePool {
   // takes). Reads only the geometry: callable without the lock.
   std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks,
                                       size_t sorted) const;
+  // The same blocks as AllocResult::block_runs: ascending (first, count)
+  // pairs, adjacent ones merged.
+  std::vector<BlockId> BlockRunsOf(const std::vector<BlockId>& blocks,
+                                   size_t sorted) const;
+  // Fills `r` from an acquisition's blocks in the form the request asked
+  // for (pages, or runs with AllocRequest::as_runs).
+  void ShapeResult(AllocResult* r, std::vector<BlockId> blocks, size_t sorted,
+                   bool as_runs) const;
+  // A remembered result in the form this request asks for (a retry may ask
+  // otherwise than the call it repeats).
+  void ReshapeResult(AllocResult* r, bool as_runs) const;
   LimitInfo LimitInfoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Bytes MappedBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

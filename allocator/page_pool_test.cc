@@ -11,8 +11,10 @@
 #include <functional>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
@@ -163,6 +165,85 @@ TEST_F(PagePoolTest, IdempotentFreeAndReserve) {
   ASSERT_TRUE(res3.ok());
   EXPECT_NE(res3->reservation_id, res->reservation_id);
   EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+// AllocRequest::as_runs: two pools driven alike, one answering pages and
+// one runs, hand out the same blocks: whole pages, pages left with gaps by
+// Frees, a reservation redeemed beside the pool's own blocks, and the seed
+// geometry whose straddling blocks belong to no page. Runs come ascending,
+// apart and merged. A retry gets its blocks in the form it asks for.
+TEST_F(PagePoolTest, AllocAsRunsNamesTheSameBlocksAsPages) {
+  for (const auto& [page_mib, block_kib, n] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{2, 512, 64},
+                                                          {14, 6144, 60}}) {
+    SCOPED_TRACE(absl::StrCat(page_mib, " MiB pages, ", block_kib, " KiB"));
+    auto as_pages = MakePool(page_mib, block_kib, n);
+    auto as_runs = MakePool(page_mib, block_kib, n);
+    auto alloc = [&](int64_t blocks, const std::string& reservation) {
+      AllocRequest r{blocks, "", reservation, {}};
+      absl::StatusOr<AllocResult> a = as_pages->Alloc(r);
+      r.as_runs = true;
+      absl::StatusOr<AllocResult> b = as_runs->Alloc(r);
+      EXPECT_EQ(a.ok(), b.ok()) << a.status() << " / " << b.status();
+      if (!a.ok() || !b.ok()) return std::vector<BlockId>{};
+      EXPECT_TRUE(b->pages.empty());
+      EXPECT_TRUE(a->block_runs.empty());
+      EXPECT_EQ(AllBlockIds(*a), AllBlockIds(*b));
+      const std::vector<BlockId>& runs = b->block_runs;
+      for (size_t i = 0; i + 1 < runs.size(); i += 2) {
+        EXPECT_GE(runs[i + 1], 1);
+        if (i > 0) EXPECT_GT(runs[i], runs[i - 2] + runs[i - 1]) << i;
+      }
+      return AllBlockIds(*a);
+    };
+    auto free = [&](std::vector<BlockId> ids) {
+      EXPECT_TRUE(as_pages->Free({ids, ""}).ok());
+      EXPECT_TRUE(as_runs->Free({ids, ""}).ok());
+    };
+    std::vector<BlockId> first = alloc(9, "");
+    ASSERT_FALSE(first.empty());
+    // Every other block of the first Alloc back: pages with gaps.
+    std::vector<BlockId> gaps;
+    for (size_t i = 0; i < first.size(); i += 2) gaps.push_back(first[i]);
+    free(gaps);
+    alloc(7, "");
+    auto held_a = as_pages->Reserve({3, absl::Seconds(30), "res"});
+    auto held_b = as_runs->Reserve({3, absl::Seconds(30), "res"});
+    ASSERT_TRUE(held_a.ok() && held_b.ok());
+    EXPECT_EQ(held_a->pages.size(), held_b->pages.size());
+    alloc(5, held_a->reservation_id);  // 3 reserved + 2 of the pool's
+    alloc(11, "");
+    EXPECT_TRUE(as_pages->CheckInvariants().ok());
+    EXPECT_TRUE(as_runs->CheckInvariants().ok());
+
+    // A retry in the other form.
+    AllocRequest once{4, "once", "", {}};
+    once.as_runs = true;
+    absl::StatusOr<AllocResult> made = as_runs->Alloc(once);
+    ASSERT_TRUE(made.ok()) << made.status();
+    once.as_runs = false;
+    absl::StatusOr<AllocResult> again = as_runs->Alloc(once);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(again->replayed);
+    EXPECT_TRUE(again->block_runs.empty());
+    EXPECT_EQ(AllBlockIds(*again), AllBlockIds(*made));
+    once.as_runs = true;
+    absl::StatusOr<AllocResult> third = as_runs->Alloc(once);
+    ASSERT_TRUE(third.ok()) << third.status();
+    EXPECT_TRUE(third->pages.empty());
+    EXPECT_EQ(third->block_runs, made->block_runs);
+  }
+  // Pages taken out of id order: for an Alloc of 4 the OPEN page with the
+  // most free blocks (page 2: 8, 9, 10) comes before the one with one
+  // (page 0: 1). Runs come in id order all the same.
+  auto pool = MakePool(2, 512, 64);
+  ASSERT_TRUE(pool->Alloc({12, "", "", {}}).ok());  // pages 0..2
+  ASSERT_TRUE(pool->Free({{1, 8, 9, 10}, ""}).ok());
+  AllocRequest four{4, "", "", {}};
+  four.as_runs = true;
+  absl::StatusOr<AllocResult> taken = pool->Alloc(four);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->block_runs, (std::vector<BlockId>{1, 1, 8, 3}));
 }
 
 TEST_F(PagePoolTest, NullBlockNeverFreedOrTrimmed) {

@@ -96,10 +96,16 @@ struct AllocRequest {
   // read the memory (gRPC). A block that last held another holder's data is
   // zeroed before it is returned (holder_tags.h).
   std::string holder;
+  // The blocks as AllocResult::block_runs instead of pages, for a caller
+  // that answers with runs (AllocRequest.block_runs on the wire): no list
+  // of ids per page is built.
+  bool as_runs = false;
 };
 
 struct AllocResult {
-  std::vector<PageBlocks> pages;  // ascending page id
+  std::vector<PageBlocks> pages;  // ascending page id; none with as_runs
+  // With as_runs: (first, count) pairs, ascending, adjacent pairs merged.
+  std::vector<BlockId> block_runs;
   int64_t num_blocks = 0;
   uint64_t generation = 0;
   bool replayed = false;     // a retry answered from the idempotency window
@@ -117,8 +123,16 @@ inline std::vector<BlockId> AllBlockIds(const std::vector<PageBlocks>& pages) {
   }
   return out;
 }
+// Every block id of an Alloc's result, ascending, in either form.
 inline std::vector<BlockId> AllBlockIds(const AllocResult& r) {
-  return AllBlockIds(r.pages);
+  if (!r.pages.empty() || r.block_runs.empty()) return AllBlockIds(r.pages);
+  std::vector<BlockId> out;
+  for (size_t i = 0; i + 1 < r.block_runs.size(); i += 2) {
+    for (int64_t k = 0; k < r.block_runs[i + 1]; ++k) {
+      out.push_back(r.block_runs[i] + k);
+    }
+  }
+  return out;
 }
 
 struct FreeRequest {

@@ -462,6 +462,7 @@ absl::Status AttachServer::Session::CheckPool(absl::string_view pool) const {
 absl::Status AttachServer::Session::AllocForHolder(
     AllocRequest alloc, kv1::AllocResponse* response, bool as_runs) {
   alloc.holder = holder_;
+  alloc.as_runs = as_runs;
   absl::StatusOr<AllocResult> result = pool_->Alloc(alloc);
   if (!result.ok()) return result.status();
   ToProto(*result, response, as_runs);
@@ -469,6 +470,10 @@ absl::Status AttachServer::Session::AllocForHolder(
     absl::MutexLock lock(&server_->mu_);
     for (const PageBlocks& p : result->pages) {
       holder_entry_->blocks.InsertAscending(p.block_ids);
+    }
+    const std::vector<BlockId>& runs = result->block_runs;
+    for (size_t i = 0; i + 1 < runs.size(); i += 2) {
+      holder_entry_->blocks.InsertRange(runs[i], runs[i] + runs[i + 1]);
     }
   }
   return absl::OkStatus();

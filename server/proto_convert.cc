@@ -181,6 +181,7 @@ AllocRequest FromProto(const v1::AllocRequest& request) {
   if (request.has_expected_generation()) {
     alloc.expected_generation = request.expected_generation();
   }
+  alloc.as_runs = request.block_runs();
   return alloc;
 }
 
@@ -220,7 +221,12 @@ ReserveRequest FromProto(const v1::ReserveRequest& request) {
 void ToProto(const AllocResult& result, v1::AllocResponse* out,
              bool as_runs) {
   if (as_runs) {
-    // Pages come in ascending order, each page's ids ascending.
+    // Runs as the pool made them (AllocRequest::as_runs), or pages in
+    // ascending order, each page's ids ascending.
+    for (size_t i = 0; i + 1 < result.block_runs.size(); i += 2) {
+      AppendBlockRun(result.block_runs[i], result.block_runs[i + 1],
+                     out->mutable_block_runs());
+    }
     for (const PageBlocks& p : result.pages) {
       AppendAscendingBlockRuns(p.block_ids, out->mutable_block_runs());
     }
