@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/consecutive_ids.h"
 #include "common/error_keys.h"
 
 namespace kvbroker {
@@ -755,15 +756,16 @@ std::vector<BlockId> PagePool::BlockRunsOf(const std::vector<BlockId>& blocks,
     return {blocks[0], static_cast<BlockId>(n)};  // one stretch on one page
   }
   std::vector<std::pair<BlockId, int64_t>> stretches;
+  stretches.reserve(std::min<size_t>(n, 16));
   for (size_t i = 0; i < blocks.size();) {
     const BlockId end = geometry_.range(geometry_.page_of(blocks[i])).end;
     const size_t e = PageRunEnd(blocks, i, end, sorted);
     if (blocks[e - 1] - blocks[i] == static_cast<BlockId>(e - 1 - i)) {
       stretches.emplace_back(blocks[i], static_cast<int64_t>(e - i));
     } else {
+      const absl::Span<const BlockId> page(blocks.data(), e);
       for (size_t j = i; j < e;) {
-        size_t k = j + 1;
-        while (k < e && blocks[k] == blocks[k - 1] + 1) ++k;
+        const size_t k = ConsecutiveEnd(page, j);
         stretches.emplace_back(blocks[j], static_cast<int64_t>(k - j));
         j = k;
       }

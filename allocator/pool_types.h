@@ -16,6 +16,7 @@
 #include "allocator/device_budget.h"
 #include "allocator/page_ledger.h"
 #include "allocator/units.h"
+#include "common/consecutive_ids.h"
 
 namespace kvbroker {
 
@@ -126,11 +127,15 @@ inline std::vector<BlockId> AllBlockIds(const std::vector<PageBlocks>& pages) {
 // Every block id of an Alloc's result, ascending, in either form.
 inline std::vector<BlockId> AllBlockIds(const AllocResult& r) {
   if (!r.pages.empty() || r.block_runs.empty()) return AllBlockIds(r.pages);
-  std::vector<BlockId> out;
+  size_t n = 0;
+  for (size_t i = 1; i < r.block_runs.size(); i += 2) {
+    n += static_cast<size_t>(r.block_runs[i]);
+  }
+  std::vector<BlockId> out(n);
+  BlockId* at = out.data();
   for (size_t i = 0; i + 1 < r.block_runs.size(); i += 2) {
-    for (int64_t k = 0; k < r.block_runs[i + 1]; ++k) {
-      out.push_back(r.block_runs[i] + k);
-    }
+    WriteConsecutive(at, r.block_runs[i], r.block_runs[i + 1]);
+    at += r.block_runs[i + 1];
   }
   return out;
 }

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/consecutive_ids.h"
 #include "google/protobuf/repeated_field.h"
 
 namespace kvbroker {
@@ -36,25 +37,6 @@ inline void AppendBlockRun(int64_t first, int64_t count, BlockRunList* runs) {
   }
   runs->Add(first);
   runs->Add(count);
-}
-
-// The end of the stretch of consecutive ids that starts at ids[i]: the
-// least end > i with end == ids.size() or ids[end] != ids[end - 1] + 1. A
-// stretch never wraps past the largest int64. Along a stretch ids[j] - j is
-// constant, one comparison per id (in unsigned arithmetic, which wraps
-// where int64 would overflow; a stretch that wrapped is cut below).
-inline size_t ConsecutiveEnd(absl::Span<const int64_t> ids, size_t i) {
-  const uint64_t base = static_cast<uint64_t>(ids[i]) - i;
-  size_t end = i + 1;
-  while (end < ids.size() && static_cast<uint64_t>(ids[end]) - end == base) {
-    ++end;
-  }
-  const int64_t first = ids[i];
-  constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
-  if (first > 0 && end - i - 1 > static_cast<uint64_t>(kLargest - first)) {
-    end = i + static_cast<size_t>(kLargest - first) + 1;
-  }
-  return end;
 }
 
 // Appends `ids`, in the order given, one pair per stretch of consecutive
@@ -128,12 +110,9 @@ inline absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
   }
   ids->resize(static_cast<size_t>(total));
   int64_t* out = ids->data() + before;
-  // first + k, never one past the run: a run may end at the largest id,
-  // where std::iota's last increment would overflow.
   for (size_t i = 0; i < runs.size(); i += 2) {
-    const int64_t first = runs[i], count = runs[i + 1];
-    for (int64_t k = 0; k < count; ++k) out[k] = first + k;
-    out += count;
+    WriteConsecutive(out, runs[i], runs[i + 1]);
+    out += runs[i + 1];
   }
   return absl::OkStatus();
 }

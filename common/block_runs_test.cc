@@ -76,39 +76,14 @@ TEST(BlockRunsTest, RunsWhereShorterThanTheIds) {
   }
 }
 
-// ConsecutiveEnd: every length of stretch and every position of the first
-// break, against the plain definition.
-TEST(BlockRunsTest, ConsecutiveEndAtEveryBreak) {
-  for (size_t size = 1; size <= 40; ++size) {
-    for (size_t brk = 0; brk <= size; ++brk) {
-      std::vector<int64_t> ids(size);
-      for (size_t j = 0; j < size; ++j) {
-        ids[j] = 1000 + static_cast<int64_t>(j) + (j >= brk ? 5 : 0);
-      }
-      for (size_t i = 0; i < size; ++i) {
-        size_t expected = i + 1;
-        while (expected < size && ids[expected] == ids[expected - 1] + 1) {
-          ++expected;
-        }
-        ASSERT_EQ(ConsecutiveEnd(ids, i), expected)
-            << "size " << size << " break " << brk << " from " << i;
-      }
-    }
-  }
-}
-
-// A stretch ends at the largest int64 even where the ids go on from the
+// Pairs end at the largest int64 even where the ids go on from the
 // smallest (consecutive in two's complement, not as numbers).
-TEST(BlockRunsTest, NoStretchWrapsPastTheLargestId) {
+TEST(BlockRunsTest, NoPairWrapsPastTheLargestId) {
   constexpr int64_t kTop = std::numeric_limits<int64_t>::max();
   constexpr int64_t kBottom = std::numeric_limits<int64_t>::min();
   std::vector<int64_t> ids;
   for (int64_t k = 11; k >= 0; --k) ids.push_back(kTop - k);
   for (int64_t k = 0; k < 12; ++k) ids.push_back(kBottom + k);
-  EXPECT_EQ(ConsecutiveEnd(ids, 0), 12u);
-  EXPECT_EQ(ConsecutiveEnd(ids, 5), 12u);
-  EXPECT_EQ(ConsecutiveEnd(ids, 11), 12u);
-  EXPECT_EQ(ConsecutiveEnd(ids, 12), 24u);
   EXPECT_THAT(Runs(ids), ElementsAre(kTop - 11, 12, kBottom, 12));
   EXPECT_EQ(Expand(Runs(ids)), ids);
 }
