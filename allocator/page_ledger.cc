@@ -217,16 +217,22 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
       taken += 64;
       continue;
     }
-    const int64_t count = __builtin_popcountll(bits);
-    const int shift = bits == 0 ? 0 : __builtin_ctzll(bits);
-    if (count > 0 && count <= n - taken &&
-        (((bits >> shift) + 1) & (bits >> shift)) == 0) {
-      // One run of set bits, all of it needed (a fresh page's part of a
-      // word): fill, not bit by bit.
+    if (bits == 0) continue;
+    // The word's free blocks are one run (a page's part of a word, filled
+    // or emptied by whole calls, usually is): as many of them as are
+    // needed, lowest first, are taken at once, not bit by bit. A run's
+    // length is read off its highest bit, where a popcount would be a
+    // library call on a build without -mpopcnt.
+    const int shift = __builtin_ctzll(bits);
+    const uint64_t run = bits >> shift;
+    if ((run & (run + 1)) == 0) {
+      const int64_t count =
+          std::min<int64_t>(64 - __builtin_clzll(run), n - taken);
       const BlockId first = (word << 6) + shift;
       SetOwner(first, first + count, owner);
       AppendIds(first, count, out);
-      free_bits_[word] &= ~bits;
+      free_bits_[word] &= ~(count == 64 ? ~uint64_t{0}
+                                        : ((uint64_t{1} << count) - 1) << shift);
       taken += count;
       continue;
     }
@@ -243,6 +249,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
     free_bits_[word] &= ~took;
   }
   page.free -= taken;
+  if (owner == BlockOwner::kNull && taken > 0) page.holds_null = true;
   if (owner == BlockOwner::kReserved) {
     page.reserved += taken;
   } else {
@@ -401,7 +408,10 @@ PageIds PageLedger::ReturnBlocks(absl::Span<const BlockId> ascending) {
         (run == ascending.size() || ascending[run] >= page.end)) {
       const BlockId first = ascending[i];
       const BlockId end = ascending[run - 1] + 1;
-      reserved = CountOwnedBy(first, end, BlockOwner::kReserved);
+      // No reserved block on the page: none in the run, no count needed.
+      reserved = page.reserved == 0
+                     ? 0
+                     : CountOwnedBy(first, end, BlockOwner::kReserved);
       allocated = (end - first) - reserved;
       SetOwner(first, end, BlockOwner::kNone);
       for (int64_t word = first >> 6; (word << 6) < end; ++word) {
@@ -555,16 +565,21 @@ std::string PageLedger::Check() const {
         page.end != range.end) {
       return absl::StrCat("page ", p, " usable ", page.usable);
     }
-    int64_t free_bits = 0, alloc_owned = 0, res_owned = 0;
+    int64_t free_bits = 0, alloc_owned = 0, res_owned = 0, null_owned = 0;
     for (BlockId b = range.begin; b < range.end; ++b) {
       const bool bit = (free_bits_[b >> 6] >> (b & 63)) & 1;
       free_bits += bit;
+      null_owned += owner_[b] == BlockOwner::kNull;
       alloc_owned +=
           owner_[b] == BlockOwner::kAllocated || owner_[b] == BlockOwner::kNull;
       res_owned += owner_[b] == BlockOwner::kReserved;
       if (bit && owner_[b] != BlockOwner::kNone) {
         return absl::StrCat("block ", b, " is free and owned");
       }
+    }
+    if (page.holds_null != (null_owned > 0)) {
+      return absl::StrCat("page ", p, " holds_null ", page.holds_null,
+                          " with ", null_owned, " null blocks");
     }
     const bool settled_mapped =
         IsMapped(page.state) && page.state != PageState::kMapping;

@@ -102,6 +102,9 @@ class PageLedger {
     int64_t free = 0;       // mapped pages only
     int64_t allocated = 0;  // including the null block
     int64_t reserved = 0;
+    // The pool's null block is on the page (set when taken; a null block
+    // is never returned, so the page never empties).
+    bool holds_null = false;
   };
 
   // Every page with a usable block FREE, listed in id order; the others
@@ -121,6 +124,19 @@ class PageLedger {
   }
   // How many blocks of [first, end) are owned by `o`.
   int64_t CountOwnedBy(BlockId first, BlockId end, BlockOwner o) const;
+  // Whether every block of [first, end), all on page p, is allocated. For
+  // the whole of a FULL page the counts say it at once (none reserved, no
+  // null block); otherwise the owners are counted. (Not "no free block":
+  // a page in flight has none either, and owns nothing.)
+  bool AllAllocated(PageId p, BlockId first, BlockId end) const {
+    const Page& page = pages_[p];
+    if (first == page.begin && end == page.end &&
+        page.state == PageState::kFull && page.reserved == 0 &&
+        !page.holds_null) {
+      return true;
+    }
+    return AllOwnedBy(first, end, BlockOwner::kAllocated);
+  }
   PageCount pages(PageState s) const {
     return PageCount(state_pages_[static_cast<int>(s)]);
   }

@@ -164,6 +164,69 @@ TEST(PageLedgerTest, OwnerRunsCountAndReturnAtAnyAlignment) {
   EXPECT_EQ(l.Check(), "");
 }
 
+// AllAllocated answers a whole FULL page from its counts: it must agree
+// with the owners wherever the counts could mislead (a reserved block, the
+// null block, a page in flight owning nothing, part of a page).
+TEST(PageLedgerTest, AllAllocatedAgreesWithTheOwners) {
+  const Geometry g = MakeGeometry(MiB(2), KiB(64), 160);  // 5 pages of 32
+  PageLedger l(&g);
+  std::vector<BlockId> got;
+  // Page 0: the null block, then the rest allocated (FULL).
+  std::vector<PageId> first = l.BeginMapFront(PageCount(1));
+  l.CommitMap(first[0], BlockCount(1), BlockOwner::kNull, &got);
+  std::vector<PageId> from_idle;
+  l.TakeMapped(BlockCount(31), BlockOwner::kAllocated, &got, &from_idle);
+  // Page 1 all allocated; page 2 one reserved block and 31 allocated.
+  MapIdle(l, 2);
+  l.TakeMapped(BlockCount(32), BlockOwner::kAllocated, &got, &from_idle);
+  l.TakeMapped(BlockCount(1), BlockOwner::kReserved, &got, &from_idle);
+  l.TakeMapped(BlockCount(31), BlockOwner::kAllocated, &got, &from_idle);
+  // Page 3 in flight (taken off FREE, not mapped yet): no free block, no
+  // owner.
+  ASSERT_EQ(l.BeginMapFront(PageCount(1)), std::vector<PageId>{3});
+  ASSERT_EQ(l.page(0).state, PageState::kFull);
+  ASSERT_EQ(l.page(2).state, PageState::kFull);
+  ASSERT_EQ(l.page(3).state, PageState::kMapping);
+  for (PageId p = 0; p < 4; ++p) {
+    const PageLedger::Page& page = l.page(p);
+    for (BlockId b = page.begin; b < page.end; ++b) {
+      ASSERT_EQ(l.AllAllocated(p, b, page.end),
+                l.AllOwnedBy(b, page.end, BlockOwner::kAllocated))
+          << "page " << p << " from " << b;
+    }
+  }
+  EXPECT_FALSE(l.AllAllocated(0, 0, 32));  // the null block
+  EXPECT_TRUE(l.AllAllocated(0, 1, 32));
+  EXPECT_TRUE(l.AllAllocated(1, 32, 64));
+  EXPECT_FALSE(l.AllAllocated(2, 64, 96));  // a reserved block
+  EXPECT_FALSE(l.AllAllocated(3, 96, 128));  // in flight
+  EXPECT_EQ(l.Check(), "");
+}
+
+// A word's free blocks taken in part: the lowest of them, as one run.
+TEST(PageLedgerTest, PartOfAFreeRunIsTakenLowestFirst) {
+  const Geometry g = MakeGeometry(MiB(2), KiB(64), 128);  // 4 pages of 32
+  PageLedger l(&g);
+  MapIdle(l, 4);
+  std::vector<BlockId> out;
+  std::vector<PageId> from_idle;
+  l.TakeMapped(BlockCount(5), BlockOwner::kAllocated, &out, &from_idle);
+  EXPECT_EQ(out, (std::vector<BlockId>{0, 1, 2, 3, 4}));
+  out.clear();
+  // Best fit now: page 0 (27 free) before the IDLE pages; then page 1,
+  // whose blocks start in the upper half of word 0.
+  l.TakeMapped(BlockCount(30), BlockOwner::kReserved, &out, &from_idle);
+  ASSERT_EQ(out.size(), 30u);
+  for (int64_t k = 0; k < 27; ++k) EXPECT_EQ(out[k], 5 + k);
+  EXPECT_EQ(out[27], 32);
+  EXPECT_EQ(out[29], 34);
+  EXPECT_EQ(l.CountOwnedBy(0, 5, BlockOwner::kAllocated), 5);
+  EXPECT_EQ(l.CountOwnedBy(5, 35, BlockOwner::kReserved), 30);
+  EXPECT_EQ(l.CountOwnedBy(35, 64, BlockOwner::kNone), 29);
+  EXPECT_EQ(l.page(1).free, 29);
+  EXPECT_EQ(l.Check(), "");
+}
+
 TEST(PageLedgerTest, UnmapInFlightLandsWhereTold) {
   const Geometry g = MakeGeometry(MiB(2), KiB(512), 32);  // 8 pages of 4
   PageLedger l(&g);

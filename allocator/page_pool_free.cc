@@ -240,7 +240,7 @@ PagePool::FreeCheck PagePool::CheckStepLocked(
       if (run > 1 && i + run <= ascending.size() &&
           ascending[i + run - 1] == page.end - 1) {
         if ((!committing_.empty() && UnshownLocked(p)) ||
-            !ledger_.AllOwnedBy(b, page.end, BlockOwner::kAllocated)) {
+            !ledger_.AllAllocated(p, b, page.end)) {
           check.valid = false;
           return check;
         }
