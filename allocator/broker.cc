@@ -122,6 +122,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> Broker::CreatePool(
   po.idempotency_window = options_.idempotency_window;
   po.revoke_timeout = options_.revoke_timeout;
   po.between_steps = options_.between_steps;
+  po.free_one_step_blocks = options_.free_one_step_blocks;
   po.on_change = [this](const std::string& pool) { Notify(pool); };
   po.on_prealloc_needed = [this] { Kick(); };
   absl::StatusOr<std::unique_ptr<PagePool>> created =

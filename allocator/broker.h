@@ -69,8 +69,10 @@ struct BrokerOptions {
   absl::Duration idempotency_window = absl::Minutes(10);
   // PoolOptions::revoke_timeout of every pool.
   absl::Duration revoke_timeout = absl::Seconds(10);
-  // For tests: PoolOptions::between_steps of every pool.
+  // For tests: PoolOptions::between_steps and ::free_one_step_blocks of
+  // every pool.
   std::function<void()> between_steps;
+  int64_t free_one_step_blocks = PoolOptions{}.free_one_step_blocks;
   // Called (no lock held) whenever a pool's generation changes, and with ""
   // when the set of pools changes.
   std::function<void(const std::string& pool)> on_change;

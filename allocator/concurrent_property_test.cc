@@ -472,6 +472,7 @@ struct SteppedRig {
     po.min_idle_pages = 0;
     po.max_idle_pages = max_idle_pages;
     po.step_pages = 8;  // the step counts below are in eights
+    po.free_one_step_blocks = 0;
     po.between_steps = std::move(between_steps);
     pool = PagePool::Create(pc, &host, &budgets, &clock, po);
   }

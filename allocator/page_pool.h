@@ -410,7 +410,8 @@ class PagePool {
   absl::Status ZeroBlocks(absl::Span<const BlockId> ascending) const;
 
   // --- Free in steps (docs/design.md, "Bounded lock hold") ---
-  // A Free whose ids span more than step_pages_ pages marks them as being
+  // A Free whose ids span more than step_pages_ pages (and are more than
+  // free_one_step_blocks_) marks them as being
   // freed while it validates them, step by step, then returns them in one
   // step. Marked blocks still count as allocated; no other Free may name
   // them: one that does waits until they are no longer marked (the waiting
@@ -546,6 +547,8 @@ class PagePool {
   // returned) covers at most this many pages between two StepLocked
   // (PoolOptions::step_pages, at least 1).
   const size_t step_pages_;
+  // A Free of at most this many ids is one step (PoolOptions).
+  const size_t free_one_step_blocks_;
   // Not guarded: each page's handles belong to whoever holds the page in
   // flight (or to mu_'s holder for a settled page); see bundle_mapper.h.
   BundleMapper mapper_;

@@ -79,10 +79,11 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
   // Step k covers ascending[cuts[k], cuts[k + 1]): ids on at most
   // step_pages_ pages (docs/design.md, "Bounded lock hold"). page_of is
   // monotone, so valid ascending ids whose first and last pages are fewer
-  // than step_pages_ apart make one step without a walk.
+  // than step_pages_ apart make one step without a walk; so do few ids,
+  // whose check is no longer than their return.
   absl::InlinedVector<size_t, 2> cuts = {0};
   const bool one_step =
-      ascending.size() <= step_pages_ ||
+      ascending.size() <= std::max(step_pages_, free_one_step_blocks_) ||
       (ascending.front() >= 0 && ascending.back() < max_blocks &&
        geometry_.page_of(ascending.back()) -
                geometry_.page_of(ascending.front()) <

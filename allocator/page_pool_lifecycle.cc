@@ -24,6 +24,8 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       options_(std::move(options)),
       step_pages_(
           static_cast<size_t>(std::max<int64_t>(1, options_.step_pages))),
+      free_one_step_blocks_(static_cast<size_t>(
+          std::max<int64_t>(0, options_.free_one_step_blocks))),
       mapper_(&geometry_, backend, budgets),
       announcer_(&geometry_, &mapper_),
       ledger_(&geometry_),

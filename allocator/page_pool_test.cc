@@ -70,6 +70,7 @@ class PagePoolTest : public ::testing::Test {
     o.min_idle_pages = 0;
     o.max_idle_pages = max_idle;
     o.step_pages = 1;
+    o.free_one_step_blocks = 0;
     o.between_steps = std::move(between_steps);
     auto pool = PagePool::Create(FourBlockPages(blocks), &backend_, &budgets_,
                                  &clock_, o);
@@ -266,6 +267,7 @@ TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
   const PoolConfig c = FourBlockPages(64);  // 16 pages
   PoolOptions o;
   o.step_pages = 8;
+  o.free_one_step_blocks = 0;
   int pauses = 0;
   o.between_steps = [&pauses] { ++pauses; };
   auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
@@ -308,6 +310,7 @@ TEST_F(PagePoolTest, FreeOfWholePagesRefusesABlockNotAllocated) {
     PoolOptions o;
     o.max_idle_pages = 4;
     o.step_pages = step_pages;
+    o.free_one_step_blocks = 0;
     auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
     ASSERT_TRUE(made.ok()) << made.status();
     PagePool& pool = **made;
@@ -348,6 +351,7 @@ TEST_F(PagePoolTest, FreeWithRunsChecksOrderFromThemOrFromTheIds) {
   PoolOptions o;
   o.max_idle_pages = 4;
   o.step_pages = 1;
+  o.free_one_step_blocks = 0;
   auto made =
       PagePool::Create(FourBlockPages(16), &backend_, &budgets_, &clock_, o);
   ASSERT_TRUE(made.ok()) << made.status();

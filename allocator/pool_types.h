@@ -225,6 +225,11 @@ struct PoolOptions {
   // Pages a long locked walk covers between two releases of the pool lock
   // (docs/design.md, "Bounded lock hold"); values below 1 read as 1.
   int64_t step_pages = 1;
+  // A Free of at most this many ids is validated in one step whatever
+  // pages they span: its walk is no longer than the return of its blocks,
+  // which is one step anyway (docs/design.md, "Bounded lock hold"). Tests
+  // of the stepping set 0.
+  int64_t free_one_step_blocks = 256;
   // For tests: called without the pool lock between two steps of a long
   // locked walk (docs/design.md, "Bounded lock hold"), on the stepping
   // call's thread. It may call into the pool, except to name the blocks of

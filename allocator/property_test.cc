@@ -297,6 +297,7 @@ class PropertyRun {
     // others in eights, so that the invariant checks between steps, which
     // cost O(blocks) each, keep the test's time bounded.
     po.step_pages = StepPages();
+    po.free_one_step_blocks = 0;  // every Free on more pages steps
     po.between_steps = [this] { BetweenSteps(); };
     auto pool = PagePool::Create(pc, fault_.get(), budgets_.get(), &clock_, po);
     if (!pool.ok())

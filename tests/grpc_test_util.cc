@@ -95,6 +95,7 @@ Rig::Rig(RigOptions options)
   broker_options.start_worker = options.start_worker;
   broker_options.clock = options.clock;
   broker_options.between_steps = options.between_steps;
+  broker_options.free_one_step_blocks = options.free_one_step_blocks;
   DaemonOptions daemon_options;
   daemon_options.listen = "127.0.0.1:0";
   daemon_options.unix_socket = unix_path;

@@ -79,8 +79,9 @@ struct RigOptions {
   ChangeFeed::Options watch;
   // DaemonOptions::sessions (ListSessions).
   std::shared_ptr<const attach::SessionDirectory> sessions;
-  // BrokerOptions::between_steps.
+  // BrokerOptions::between_steps and ::free_one_step_blocks.
   std::function<void()> between_steps;
+  int64_t free_one_step_blocks = PoolOptions{}.free_one_step_blocks;
 };
 
 // A started daemon. Construction failures are reported with ADD_FAILURE and

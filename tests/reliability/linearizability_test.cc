@@ -220,11 +220,12 @@ class Worker {
 TEST(Linearizability, ConcurrentHistoriesOfOnePool) {
   const int64_t histories = EnvInt("KVB_LIN_HISTORIES", 200);
   const uint64_t first_seed = static_cast<uint64_t>(EnvInt("KVB_LIN_SEED", 1));
-  // Every pause between two steps of a call (at the default of one page,
-  // every call on more than one page steps) is widened, so that other
-  // clients' calls land inside it.
+  // Every pause between two steps of a call (at one page a step, and with
+  // no Free short enough to go in one step, every call on more than one
+  // page steps) is widened, so that other clients' calls land inside it.
   RigOptions ro;
   ro.between_steps = [] { absl::SleepFor(absl::Microseconds(200)); };
+  ro.free_one_step_blocks = 0;
   Rig rig(ro);
   ASSERT_NE(rig.daemon, nullptr);
   Client admin(rig.Channel(Transport::kTcp));
