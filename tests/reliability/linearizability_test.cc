@@ -217,15 +217,18 @@ class Worker {
   std::vector<std::pair<std::string, int64_t>> reservations_;
 };
 
-TEST(Linearizability, ConcurrentHistoriesOfOnePool) {
+// KVB_LIN_HISTORIES histories from seed KVB_LIN_SEED on, each checked.
+// Every pause between two steps of a call (one page a step) is widened,
+// so that other clients' calls land inside it. With free_one_step_blocks
+// 0 every Free on more than one page steps; with the default, Frees of up
+// to that many ids are one step whatever pages they span, as in the
+// daemon.
+void CheckHistories(int64_t free_one_step_blocks) {
   const int64_t histories = EnvInt("KVB_LIN_HISTORIES", 200);
   const uint64_t first_seed = static_cast<uint64_t>(EnvInt("KVB_LIN_SEED", 1));
-  // Every pause between two steps of a call (at one page a step, and with
-  // no Free short enough to go in one step, every call on more than one
-  // page steps) is widened, so that other clients' calls land inside it.
   RigOptions ro;
   ro.between_steps = [] { absl::SleepFor(absl::Microseconds(200)); };
-  ro.free_one_step_blocks = 0;
+  ro.free_one_step_blocks = free_one_step_blocks;
   Rig rig(ro);
   ASSERT_NE(rig.daemon, nullptr);
   Client admin(rig.Channel(Transport::kTcp));
@@ -311,6 +314,12 @@ TEST(Linearizability, ConcurrentHistoriesOfOnePool) {
     std::printf("  %-28s %lld\n", what.c_str(), static_cast<long long>(n));
   }
   EXPECT_EQ(checked, histories);
+}
+
+TEST(Linearizability, ConcurrentHistoriesOfOnePool) { CheckHistories(0); }
+
+TEST(Linearizability, ConcurrentHistoriesWithOneStepFrees) {
+  CheckHistories(RigOptions{}.free_one_step_blocks);
 }
 
 }  // namespace
