@@ -465,7 +465,7 @@ absl::Status AttachServer::Session::AllocForHolder(
   alloc.as_runs = as_runs;
   absl::StatusOr<AllocResult> result = pool_->Alloc(alloc);
   if (!result.ok()) return result.status();
-  ToProto(*result, response, as_runs);
+  ToProto(*result, response);
   if (!result->replayed) {
     absl::MutexLock lock(&server_->mu_);
     for (const PageBlocks& p : result->pages) {

@@ -69,19 +69,6 @@ inline bool BlockRunsIfShorter(absl::Span<const int64_t> ids,
   return !ids.empty();
 }
 
-// The same for ids known to be ascending and distinct (one page of an
-// Alloc): a stretch without gaps is told from its ends alone.
-inline void AppendAscendingBlockRuns(absl::Span<const int64_t> ids,
-                                     BlockRunList* runs) {
-  if (ids.empty()) return;
-  const int64_t size = static_cast<int64_t>(ids.size());
-  if (ids.back() - ids.front() == size - 1) {
-    AppendBlockRun(ids.front(), size, runs);
-  } else {
-    AppendBlockRuns(ids, runs);
-  }
-}
-
 // Appends the ids `runs` names to `*ids`. INVALID_ARGUMENT, with `*ids`
 // unchanged, for an odd number of values, a count below 1, a run past the
 // largest int64, or more than `max_ids` ids in `*ids` afterwards. Which ids

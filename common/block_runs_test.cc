@@ -94,10 +94,10 @@ TEST(BlockRunsTest, ARunThatContinuesTheLastPairExtendsIt) {
   for (int64_t page = 0; page < 3; ++page) {
     std::vector<int64_t> ids;
     for (int64_t b = 32 * page; b < 32 * (page + 1); ++b) ids.push_back(b);
-    AppendAscendingBlockRuns(ids, &runs);
+    AppendBlockRuns(ids, &runs);
   }
-  AppendAscendingBlockRuns({96, 97, 99}, &runs);
-  AppendAscendingBlockRuns({}, &runs);
+  AppendBlockRuns({96, 97, 99}, &runs);
+  AppendBlockRuns({}, &runs);
   AppendBlockRuns({100, 101}, &runs);
   EXPECT_THAT(runs, ElementsAre(0, 98, 99, 3));
   AppendBlockRun(200, 1, &runs);

@@ -296,7 +296,7 @@ grpc::Status KvBrokerService::Handle(grpc::ServerContextBase* ctx,
             CheckReplyFits(request.num_blocks(), pool.geometry()));
         absl::StatusOr<AllocResult> result = pool.Alloc(FromProto(request));
         if (!result.ok()) return result.status();
-        ToProto(*result, response, request.block_runs());
+        ToProto(*result, response);
         response->set_pool_uid(pool.uid());
         return absl::OkStatus();
       });

@@ -218,21 +218,10 @@ ReserveRequest FromProto(const v1::ReserveRequest& request) {
   return reserve;
 }
 
-void ToProto(const AllocResult& result, v1::AllocResponse* out,
-             bool as_runs) {
-  if (as_runs) {
-    // Runs as the pool made them (AllocRequest::as_runs), or pages in
-    // ascending order, each page's ids ascending.
-    for (size_t i = 0; i + 1 < result.block_runs.size(); i += 2) {
-      AppendBlockRun(result.block_runs[i], result.block_runs[i + 1],
-                     out->mutable_block_runs());
-    }
-    for (const PageBlocks& p : result.pages) {
-      AppendAscendingBlockRuns(p.block_ids, out->mutable_block_runs());
-    }
-  } else {
-    ToProto(result.pages, out->mutable_pages());
-  }
+void ToProto(const AllocResult& result, v1::AllocResponse* out) {
+  out->mutable_block_runs()->Assign(result.block_runs.begin(),
+                                    result.block_runs.end());
+  ToProto(result.pages, out->mutable_pages());
   out->set_num_blocks(result.num_blocks);
   out->set_generation(result.generation);
   out->set_replayed(result.replayed);

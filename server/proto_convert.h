@@ -61,10 +61,11 @@ absl::StatusOr<FreeRequest> FromProto(const v1::FreeRequest& request,
                                       std::vector<int64_t>* storage);
 ReserveRequest FromProto(const v1::ReserveRequest& request);
 
-// Results. An Alloc's blocks as AllocResponse.block_runs instead of pages
-// when `as_runs` (AllocRequest.block_runs).
-void ToProto(const AllocResult& result, v1::AllocResponse* out,
-             bool as_runs = false);
+// Results. An Alloc's blocks in the form the pool gave them: runs
+// (AllocResponse.block_runs, asked for with AllocRequest.block_runs, which
+// sets AllocRequest::as_runs) or pages. An empty result reads the same
+// either way.
+void ToProto(const AllocResult& result, v1::AllocResponse* out);
 void ToProto(const FreeResult& result, v1::FreeResponse* out);
 void ToProto(const ReservationInfo& result, v1::ReserveResponse* out);
 void ToProto(const ReleaseResult& result, v1::ReleaseReservationResponse* out);
