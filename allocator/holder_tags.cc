@@ -16,43 +16,55 @@ uint32_t HolderTags::Intern(const std::string& holder) {
   return it->second;
 }
 
-// Four blocks at a time where their ids are consecutive (most of an Alloc
-// is whole pages) and their tags all one value, 0 or this holder (fresh
-// blocks, or the holder's own coming back): two 8-byte loads, compares and
-// stores for the four, where the plain loop pays a load, two compares and
-// a store for each. Any other four go one at a time, so to_zero keeps the
-// order of `blocks`.
-void HolderTags::Hand(absl::Span<const BlockId> blocks, uint32_t holder,
+namespace {
+
+// Four tags to a compare: 32-bit lanes compare in one SSE2 instruction
+// (unlike 64-bit ones, which baseline x86-64 emulates).
+using Tags4 = uint32_t __attribute__((vector_size(16)));
+
+}  // namespace
+
+// A stretch's tags are consecutive in memory: one pass tells, four at a
+// time, whether each is 0 or this holder's (fresh blocks, or the holder's
+// own coming back: by far the usual case) and whether any is 0; then the
+// stretch is tagged with vector stores, or left alone when every tag is the
+// holder's already. A stretch with another holder's (or a tainted) block is
+// walked one block at a time, so to_zero keeps the blocks' order.
+void HolderTags::Hand(const Stretches& blocks, uint32_t holder,
                       std::vector<BlockId>* to_zero) {
   if (holder == 0) return;
-  const uint64_t two_mine = uint64_t{holder} << 32 | holder;
-  auto one = [&](BlockId b) {
-    if (last_[b] != 0 && last_[b] != holder) to_zero->push_back(b);
-    last_[b] = holder;
-  };
-  const size_t n = blocks.size();
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const BlockId b = blocks[i];
-    // Unsigned: a difference that would overflow int64 wraps and is
-    // simply not 0 (ids are blocks of the pool, far from either end).
-    const uint64_t u = static_cast<uint64_t>(b);
-    const uint64_t apart = (static_cast<uint64_t>(blocks[i + 1]) - u - 1) |
-                           (static_cast<uint64_t>(blocks[i + 2]) - u - 2) |
-                           (static_cast<uint64_t>(blocks[i + 3]) - u - 3);
-    if (apart == 0) {
-      uint32_t* tags = last_.data() + b;
-      uint64_t w[2];
-      std::memcpy(w, tags, sizeof w);
-      if ((w[0] | w[1]) == 0 || (w[0] == two_mine && w[1] == two_mine)) {
-        w[0] = w[1] = two_mine;
-        std::memcpy(tags, w, sizeof w);
-        continue;
-      }
+  const Tags4 mine = {holder, holder, holder, holder};
+  for (const Stretch& s : blocks) {
+    uint32_t* tags = last_.data() + s.first;
+    const size_t n = static_cast<size_t>(s.count);
+    Tags4 other = {0, 0, 0, 0}, zero = {0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      Tags4 v;
+      std::memcpy(&v, tags + i, sizeof v);
+      const Tags4 z = v == 0;
+      zero |= z;
+      other |= ~(z | (v == mine));
     }
-    for (size_t j = i; j < i + 4; ++j) one(blocks[j]);
+    bool foreign = (other[0] | other[1] | other[2] | other[3]) != 0;
+    bool fresh = (zero[0] | zero[1] | zero[2] | zero[3]) != 0;
+    for (; i < n; ++i) {
+      foreign |= tags[i] != 0 && tags[i] != holder;
+      fresh |= tags[i] == 0;
+    }
+    if (foreign) {
+      for (size_t j = 0; j < n; ++j) {
+        if (tags[j] != 0 && tags[j] != holder) {
+          to_zero->push_back(s.first + static_cast<BlockId>(j));
+        }
+        tags[j] = holder;
+      }
+      continue;
+    }
+    if (!fresh) continue;
+    for (i = 0; i + 4 <= n; i += 4) std::memcpy(tags + i, &mine, sizeof mine);
+    for (; i < n; ++i) tags[i] = holder;
   }
-  for (; i < n; ++i) one(blocks[i]);
 }
 
 void HolderTags::Taint(absl::Span<const BlockId> blocks) {

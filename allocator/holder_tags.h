@@ -23,6 +23,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
+#include "allocator/stretches.h"
 #include "allocator/units.h"
 
 namespace kvbroker {
@@ -38,7 +39,7 @@ class HolderTags {
   // whose last holder was another one is appended to `to_zero` (in the
   // order of `blocks`), and every block's tag becomes `holder`. Without
   // one, nothing changes.
-  void Hand(absl::Span<const BlockId> blocks, uint32_t holder,
+  void Hand(const Stretches& blocks, uint32_t holder,
             std::vector<BlockId>* to_zero);
 
   // Blocks [begin, end) lost their memory (their page was unmapped).

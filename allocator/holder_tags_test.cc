@@ -1,6 +1,7 @@
 // HolderTags: Hand against a block-at-a-time reading of its contract, over
-// lists cut into stretches of every length with holders mixed across and
-// within them; Forget and Taint as they feed the next Hand.
+// stretches of every length with holders mixed across and within them (and
+// stretches all fresh, all the holder's own, or a mix of the two); Forget
+// and Taint as they feed the next Hand.
 
 #include "allocator/holder_tags.h"
 
@@ -26,6 +27,13 @@ struct Reference {
   }
 };
 
+// Distinct ids as an acquisition holds them.
+Stretches Of(const std::vector<BlockId>& ids) {
+  Stretches s;
+  s.AppendIds(ids);
+  return s;
+}
+
 TEST(HolderTagsTest, InternNamesHoldersFromOne) {
   HolderTags tags(8);
   EXPECT_EQ(tags.Intern(""), 0u);
@@ -41,18 +49,18 @@ TEST(HolderTagsTest, HandZeroesOnlyAnotherHoldersBlocks) {
   HolderTags tags(64);
   const uint32_t a = tags.Intern("a"), b = tags.Intern("b");
   std::vector<BlockId> to_zero;
-  tags.Hand({0, 1, 2, 3, 10}, a, &to_zero);
+  tags.Hand(Of({0, 1, 2, 3, 10}), a, &to_zero);
   EXPECT_TRUE(to_zero.empty());  // never held: nothing to zero
-  tags.Hand({2, 3, 4, 5, 10, 11}, b, &to_zero);
+  tags.Hand(Of({2, 3, 4, 5, 10, 11}), b, &to_zero);
   EXPECT_EQ(to_zero, (std::vector<BlockId>{2, 3, 10}));
   to_zero.clear();
-  tags.Hand({4, 5, 6}, b, &to_zero);  // its own data
+  tags.Hand(Of({4, 5, 6}), b, &to_zero);  // its own data
   EXPECT_TRUE(to_zero.empty());
-  tags.Hand({0, 1, 2}, 0, &to_zero);  // no holder: tags unchanged
+  tags.Hand(Of({0, 1, 2}), 0, &to_zero);  // no holder: tags unchanged
   EXPECT_EQ(tags.last(2), b);
   tags.Forget(0, 4);
   tags.Taint(std::vector<BlockId>{5});
-  tags.Hand({0, 1, 2, 3, 4, 5}, a, &to_zero);
+  tags.Hand(Of({0, 1, 2, 3, 4, 5}), a, &to_zero);
   EXPECT_EQ(to_zero, (std::vector<BlockId>{4, 5}));
   for (BlockId id = 0; id < 6; ++id) EXPECT_EQ(tags.last(id), a) << id;
 }
@@ -85,7 +93,7 @@ TEST(HolderTagsTest, HandAgreesWithTheContractOnRandomLists) {
     }
     const uint32_t holder = rng() % 7 == 0 ? 0 : holders[rng() % 3];
     std::vector<BlockId> got, want;
-    tags.Hand(blocks, holder, &got);
+    tags.Hand(Of(blocks), holder, &got);
     ref.Hand(blocks, holder, &want);
     ASSERT_EQ(got, want) << "round " << round;
     for (BlockId b = 0; b < kBlocks; ++b) {

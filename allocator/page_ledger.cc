@@ -19,14 +19,6 @@ bool IsMapped(PageState s) {
          s == PageState::kFull || s == PageState::kMapping;
 }
 
-// Appends first .. first + count - 1 (common/consecutive_ids.h writes
-// them two to a vector store).
-void AppendIds(BlockId first, int64_t count, std::vector<BlockId>* out) {
-  const size_t at = out->size();
-  out->resize(at + static_cast<size_t>(count));
-  WriteConsecutive(out->data() + at, first, count);
-}
-
 }  // namespace
 
 // Owners are one byte per block: eight are compared per step. In w, the
@@ -201,7 +193,7 @@ void PageLedger::CountTaken(BlockOwner owner, int64_t n) {
 }
 
 int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
-                                 std::vector<BlockId>* out) {
+                                 Stretches* out) {
   Page& page = pages_[p];
   int64_t taken = 0;
   // A word at a time: mask the word to the page's range, take its set bits
@@ -212,7 +204,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
     if (bits == ~uint64_t{0} && n - taken >= 64) {  // a whole word
       const BlockId first = word << 6;
       SetOwner(first, first + 64, owner);
-      AppendIds(first, 64, out);
+      out->Append(first, 64);
       free_bits_[word] = 0;
       taken += 64;
       continue;
@@ -230,7 +222,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
           std::min<int64_t>(64 - __builtin_clzll(run), n - taken);
       const BlockId first = (word << 6) + shift;
       SetOwner(first, first + count, owner);
-      AppendIds(first, count, out);
+      out->Append(first, count);
       free_bits_[word] &= ~(count == 64 ? ~uint64_t{0}
                                         : ((uint64_t{1} << count) - 1) << shift);
       taken += count;
@@ -243,7 +235,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
       bits ^= lowest;
       took |= lowest;
       owner_[found] = owner;
-      out->push_back(found);
+      out->Append(found, 1);
       ++taken;
     }
     free_bits_[word] &= ~took;
@@ -262,8 +254,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
 // ---------------------------------------------------------------------------
 // Taking blocks
 
-void PageLedger::TakeMapped(BlockCount n, BlockOwner owner,
-                            std::vector<BlockId>* out,
+void PageLedger::TakeMapped(BlockCount n, BlockOwner owner, Stretches* out,
                             std::vector<PageId>* from_idle) {
   int64_t need = n.value();
   while (need > 0 && !open_.empty()) {
@@ -363,7 +354,7 @@ void PageLedger::AbortMap(absl::Span<const PageId> pages) {
 }
 
 BlockCount PageLedger::CommitMap(PageId p, BlockCount n, BlockOwner owner,
-                                 std::vector<BlockId>* out) {
+                                 Stretches* out) {
   ABSL_ASSERT(pages_[p].state == PageState::kMapping);
   RemoveInFlight(p);
   --maps_in_flight_;

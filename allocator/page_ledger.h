@@ -50,6 +50,7 @@
 #include "absl/types/span.h"
 #include "allocator/free_list.h"
 #include "allocator/geometry.h"
+#include "allocator/stretches.h"
 #include "allocator/units.h"
 
 namespace kvbroker {
@@ -195,9 +196,10 @@ class PageLedger {
   // Takes `n` blocks of mapped pages in consumption order: OPEN best fit
   // (fewest free blocks that still cover the rest, else most free; ties
   // lowest id), then IDLE pages front first; ascending within a page.
-  // Appends the ids to `out` and the IDLE pages it drew from, in order, to
-  // `from_idle`. REQUIRES: n <= mapped_supply().
-  void TakeMapped(BlockCount n, BlockOwner owner, std::vector<BlockId>* out,
+  // Appends the blocks to `out` (a page's as stretches, ascending) and the
+  // IDLE pages it drew from, in order, to `from_idle`.
+  // REQUIRES: n <= mapped_supply().
+  void TakeMapped(BlockCount n, BlockOwner owner, Stretches* out,
                   std::vector<PageId>* from_idle);
   // Undoes TakeMapped: OPEN pages get their blocks back (the same place in
   // the index), and the pages in `from_idle` return to the front of the
@@ -220,10 +222,10 @@ class PageLedger {
   // of the list meanwhile.
   void AbortMap(absl::Span<const PageId> pages);
   // An in-flight page is now mapped: takes up to `n` of its blocks for
-  // `owner` (appending them to `out`) and files it as IDLE (back of the
-  // list), OPEN or FULL. Returns the blocks taken.
+  // `owner` (appending them to `out`; null when n == 0) and files it as
+  // IDLE (back of the list), OPEN or FULL. Returns the blocks taken.
   BlockCount CommitMap(PageId p, BlockCount n, BlockOwner owner,
-                       std::vector<BlockId>* out);
+                       Stretches* out);
 
   // ---- returning blocks and unmapping in flight ----
 
@@ -265,8 +267,7 @@ class PageLedger {
   void Detach(PageId p);
   // Files a mapped, detached page by its counts; IDLE pages join the back.
   void Attach(PageId p);
-  int64_t TakeFromPage(PageId p, int64_t n, BlockOwner owner,
-                       std::vector<BlockId>* out);
+  int64_t TakeFromPage(PageId p, int64_t n, BlockOwner owner, Stretches* out);
   void SetFreeBits(PageId p, bool on);
   void SetOwner(BlockId first, BlockId end, BlockOwner o);
   void CountTaken(BlockOwner owner, int64_t n);

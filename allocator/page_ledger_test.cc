@@ -74,14 +74,16 @@ TEST(PageLedgerTest, OpenBestFitThenIdleFrontFirst) {
   const Geometry g = MakeGeometry(MiB(2), KiB(512), 32);  // 4 per page
   PageLedger l(&g);
   MapIdle(l, 4);  // pages 0..3 IDLE
-  std::vector<BlockId> out;
+  Stretches out;
   std::vector<PageId> from_idle;
   l.TakeMapped(BlockCount(3), BlockOwner::kAllocated, &out, &from_idle);
-  EXPECT_EQ(out, (std::vector<BlockId>{0, 1, 2}));  // page 0, now OPEN (1)
+  EXPECT_EQ(out.Ids(), (std::vector<BlockId>{0, 1, 2}));  // page 0, now OPEN (1)
   l.TakeMapped(BlockCount(2), BlockOwner::kAllocated, &out, &from_idle);
   // OPEN page 0 has 1 free: it does not cover 2, so it is drained first
   // (most free), then IDLE page 1.
-  EXPECT_EQ(out, (std::vector<BlockId>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(out.Ids(), (std::vector<BlockId>{0, 1, 2, 3, 4}));
+  // Block 3 (page 0) continued 0..2, block 4 (page 1) continued that.
+  EXPECT_EQ(out.list(), (Stretches::List{{0, 5}}));
   EXPECT_EQ(from_idle, (std::vector<PageId>{0, 1}));
   EXPECT_EQ(l.pages(PageState::kFull), PageCount(1));
   EXPECT_EQ(l.pages(PageState::kOpen), PageCount(1));
@@ -95,7 +97,7 @@ TEST(PageLedgerTest, AbortedAcquisitionRestoresEverythingExactly) {
   const Geometry g = MakeGeometry(MiB(2), KiB(512), 64);  // 16 pages of 4
   PageLedger l(&g);
   MapIdle(l, 3);  // 0, 1, 2 IDLE
-  std::vector<BlockId> kept;
+  Stretches kept;
   std::vector<PageId> unused;
   l.TakeMapped(BlockCount(1), BlockOwner::kAllocated, &kept, &unused);
   ASSERT_EQ(l.Check(), "");
@@ -104,9 +106,9 @@ TEST(PageLedgerTest, AbortedAcquisitionRestoresEverythingExactly) {
   const BlockCount open_before = l.open_free();
 
   // An acquisition of 20 blocks: all 11 mapped ones, then 3 fresh pages.
-  std::vector<BlockId> taken;
+  Stretches taken_stretches;
   std::vector<PageId> from_idle;
-  l.TakeMapped(l.mapped_supply(), BlockOwner::kReserved, &taken, &from_idle);
+  l.TakeMapped(l.mapped_supply(), BlockOwner::kReserved, &taken_stretches, &from_idle);
   std::vector<PageId> fresh = l.BeginMapFront(PageCount(3));
   EXPECT_EQ(fresh, (std::vector<PageId>{3, 4, 5}));
   EXPECT_EQ(l.pages(PageState::kMapping), PageCount(3));
@@ -119,6 +121,7 @@ TEST(PageLedgerTest, AbortedAcquisitionRestoresEverythingExactly) {
   EXPECT_EQ(l.Check(), "");
 
   l.AbortMap(fresh);
+  std::vector<BlockId> taken = taken_stretches.Ids();
   std::sort(taken.begin(), taken.end());
   EXPECT_TRUE(l.UntakeMapped(taken, from_idle).empty());
   EXPECT_EQ(FreeOrder(l), free_before);
@@ -133,13 +136,13 @@ TEST(PageLedgerTest, OwnerRunsCountAndReturnAtAnyAlignment) {
   const Geometry g = MakeGeometry(MiB(2), KiB(32), 256);  // 4 pages of 64
   PageLedger l(&g);
   MapIdle(l, 2);
-  std::vector<BlockId> reserved, allocated;
+  Stretches reserved, allocated;
   std::vector<PageId> from_idle;
   l.TakeMapped(BlockCount(40), BlockOwner::kReserved, &reserved, &from_idle);
   l.TakeMapped(BlockCount(60), BlockOwner::kAllocated, &allocated,
                &from_idle);
-  ASSERT_EQ(reserved.front(), 0);
-  ASSERT_EQ(allocated.back(), 99);
+  ASSERT_EQ(reserved.list(), (Stretches::List{{0, 40}}));
+  ASSERT_EQ(allocated.list(), (Stretches::List{{40, 60}}));
   // Every range of the two mapped pages, against a count of one owner at a
   // time: starts and lengths off and on eight-block boundaries alike.
   for (BlockOwner o : {BlockOwner::kNone, BlockOwner::kAllocated,
@@ -170,7 +173,7 @@ TEST(PageLedgerTest, OwnerRunsCountAndReturnAtAnyAlignment) {
 TEST(PageLedgerTest, AllAllocatedAgreesWithTheOwners) {
   const Geometry g = MakeGeometry(MiB(2), KiB(64), 160);  // 5 pages of 32
   PageLedger l(&g);
-  std::vector<BlockId> got;
+  Stretches got;
   // Page 0: the null block, then the rest allocated (FULL).
   std::vector<PageId> first = l.BeginMapFront(PageCount(1));
   l.CommitMap(first[0], BlockCount(1), BlockOwner::kNull, &got);
@@ -208,18 +211,17 @@ TEST(PageLedgerTest, PartOfAFreeRunIsTakenLowestFirst) {
   const Geometry g = MakeGeometry(MiB(2), KiB(64), 128);  // 4 pages of 32
   PageLedger l(&g);
   MapIdle(l, 4);
-  std::vector<BlockId> out;
+  Stretches out;
   std::vector<PageId> from_idle;
   l.TakeMapped(BlockCount(5), BlockOwner::kAllocated, &out, &from_idle);
-  EXPECT_EQ(out, (std::vector<BlockId>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(out.list(), (Stretches::List{{0, 5}}));
   out.clear();
   // Best fit now: page 0 (27 free) before the IDLE pages; then page 1,
   // whose blocks start in the upper half of word 0.
   l.TakeMapped(BlockCount(30), BlockOwner::kReserved, &out, &from_idle);
-  ASSERT_EQ(out.size(), 30u);
-  for (int64_t k = 0; k < 27; ++k) EXPECT_EQ(out[k], 5 + k);
-  EXPECT_EQ(out[27], 32);
-  EXPECT_EQ(out[29], 34);
+  // Page 0's rest, then page 1's lowest three: one stretch.
+  EXPECT_EQ(out.list(), (Stretches::List{{5, 30}}));
+  EXPECT_EQ(out.blocks(), 30);
   EXPECT_EQ(l.CountOwnedBy(0, 5, BlockOwner::kAllocated), 5);
   EXPECT_EQ(l.CountOwnedBy(5, 35, BlockOwner::kReserved), 30);
   EXPECT_EQ(l.CountOwnedBy(35, 64, BlockOwner::kNone), 29);
@@ -328,20 +330,21 @@ class LedgerWalk {
     const BlockOwner owner =
         reserve ? BlockOwner::kReserved : BlockOwner::kAllocated;
     const MBlock mowner = reserve ? MBlock::kReserved : MBlock::kAllocated;
-    std::vector<BlockId> got;
+    Stretches taken;
     std::vector<PageId> from_idle;
     if (n <= ledger_.mapped_supply().value()) {
-      ledger_.TakeMapped(BlockCount(n), owner, &got, &from_idle);
+      ledger_.TakeMapped(BlockCount(n), owner, &taken, &from_idle);
       reference::MOutcome want =
           reserve && n > 0 ? model_->Reserve(n, Name()) : model_->Alloc(n);
       if (reserve && n == 0) return "acquire 0";
+      std::vector<BlockId> got = taken.Ids();
       std::sort(got.begin(), got.end());
       return got == want.ids ? "acquire " + std::to_string(n)
                              : "MISMATCH acquire ids";
     }
     // It maps: hold it in flight, compare, then commit or abort.
     const BlockCount supply = ledger_.mapped_supply();
-    ledger_.TakeMapped(supply, owner, &got, &from_idle);
+    ledger_.TakeMapped(supply, owner, &taken, &from_idle);
     const int64_t need = n - supply.value();
     std::vector<PageId> fresh =
         ledger_.BeginMapFront(ledger_.FreePagesToCover(BlockCount(need)));
@@ -349,6 +352,7 @@ class LedgerWalk {
     if (std::string e = Compare(); !e.empty()) return "in flight: " + e;
     if (Uniform(0, 2) == 0) {
       ledger_.AbortMap(fresh);
+      std::vector<BlockId> got = taken.Ids();
       std::sort(got.begin(), got.end());
       if (!ledger_.UntakeMapped(got, from_idle).empty()) {
         return "MISMATCH: untake emptied a page no other call touched";
@@ -358,10 +362,11 @@ class LedgerWalk {
     }
     int64_t rest = need;
     for (PageId p : fresh) {
-      rest -= ledger_.CommitMap(p, BlockCount(rest), owner, &got).value();
+      rest -= ledger_.CommitMap(p, BlockCount(rest), owner, &taken).value();
     }
     const std::string id = reserve ? Name() : "";
     reference::MOutcome want = model_->CommitAcquire(f, id);
+    std::vector<BlockId> got = taken.Ids();
     std::sort(got.begin(), got.end());
     return got == want.ids && rest == 0
                ? "acquire " + std::to_string(n) + " in flight, committed"

@@ -56,7 +56,6 @@ PagePool::Acquisition PagePool::BeginAcquireLocked(const Plan& plan,
                                                    Reservation* reservation) {
   Acquisition acq;
   acq.owner = owner;
-  acq.blocks.reserve(plan.from_reservation + plan.from_pool);
   // One allocation for the IDLE pages drawn from, not one per doubling.
   acq.from_idle.reserve(static_cast<size_t>(
       std::min<int64_t>(ledger_.idle_pages_listed().value(), 16)));
@@ -65,7 +64,7 @@ PagePool::Acquisition PagePool::BeginAcquireLocked(const Plan& plan,
     acq.from_reservation =
         ReservationTable::TakeFront(*reservation, plan.from_reservation);
     ledger_.Reassign(acq.from_reservation, BlockOwner::kAllocated);
-    acq.blocks.assign(acq.from_reservation.begin(), acq.from_reservation.end());
+    acq.blocks.AppendIds(acq.from_reservation);
   }
   if (plan.new_pages == 0) {
     ledger_.TakeMapped(BlockCount(plan.from_pool), owner, &acq.blocks,
@@ -119,8 +118,7 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
     if (m.status.ok()) stats_.map_latency.Record(m.took);
   }
   const int64_t held_mapped =
-      static_cast<int64_t>(acq->blocks.size()) -
-      static_cast<int64_t>(acq->from_reservation.size());
+      acq->blocks.blocks() - static_cast<int64_t>(acq->from_reservation.size());
 
   if (failed_at == fresh.size()) {
     // Committed step_pages_ pages at a time; the pages not yet committed stay
@@ -189,8 +187,9 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
   if (!unwound) m.unwound = false;
   stranded_pages_ += stranded;
   ledger_.AbortMap(fresh);
-  std::vector<BlockId> mapped_blocks(
-      acq->blocks.begin() + acq->from_reservation.size(), acq->blocks.end());
+  std::vector<BlockId> mapped_blocks = acq->blocks.Ids();
+  mapped_blocks.erase(mapped_blocks.begin(),
+                      mapped_blocks.begin() + acq->from_reservation.size());
   std::sort(mapped_blocks.begin(), mapped_blocks.end());
   for (PageId p : ledger_.UntakeMapped(mapped_blocks, acq->from_idle)) {
     FileEmptiedLocked(p, unmaps);  // emptied by other calls meanwhile
@@ -414,10 +413,10 @@ std::string ReserveFingerprint(const ReserveRequest& r) {
 absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
   Epilogue epi;
   absl::StatusOr<AllocResult> result;
-  // The blocks of a call that nothing remembers are grouped by page after
-  // the lock is released.
-  std::vector<BlockId> ungrouped;
-  size_t ungrouped_sorted = 0;
+  // The blocks of a call that nothing remembers are shaped into the reply
+  // after the lock is released.
+  Stretches unshaped;
+  size_t unshaped_sorted = 0;
   {
     SpinThenLockGuard lock(&mu_);
     epi.before = generation_;
@@ -481,17 +480,17 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       }
       AllocResult out;
       out.pages_mapped = plan->new_pages;
-      out.num_blocks = static_cast<int64_t>(acq.blocks.size());
+      out.num_blocks = acq.blocks.blocks();
       if (out.num_blocks > 0 || out.pages_mapped > 0) BumpGenerationLocked();
       out.generation = generation_;
       stats_.blocks_allocated_total += out.num_blocks;
       if (!id.empty()) {
-        ShapeResult(&out, std::move(acq.blocks), acq.from_reservation.size(),
+        ShapeResult(&out, acq.blocks, acq.from_reservation.size(),
                     request.as_runs);
         RememberLocked(id, fingerprint, out);
       } else {
-        ungrouped = std::move(acq.blocks);
-        ungrouped_sorted = acq.from_reservation.size();
+        unshaped = std::move(acq.blocks);
+        unshaped_sorted = acq.from_reservation.size();
       }
       return out;
     }();
@@ -500,9 +499,8 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
     if (result.ok()) ++stats_.outcomes[0];
     CloseLocked(&epi);
   }
-  if (result.ok() && !ungrouped.empty()) {
-    ShapeResult(&*result, std::move(ungrouped), ungrouped_sorted,
-                request.as_runs);
+  if (result.ok() && !unshaped.empty()) {
+    ShapeResult(&*result, unshaped, unshaped_sorted, request.as_runs);
   }
   RunEpilogue(epi);
   return result;
@@ -547,9 +545,10 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
         if (!id.empty()) remembered_.ClearPending(id);
         if (!s.ok()) return s;
       }
-      std::sort(acq.blocks.begin(), acq.blocks.end());
+      std::vector<BlockId> reserved = acq.blocks.Ids();
+      std::sort(reserved.begin(), reserved.end());
       const Reservation& r =
-          reservations_.Add(std::move(acq.blocks), clock_->Now() + request.ttl);
+          reservations_.Add(std::move(reserved), clock_->Now() + request.ttl);
       ReservationInfo info;
       info.reservation_id = r.id;
       info.num_blocks = static_cast<int64_t>(r.blocks.size());
@@ -724,19 +723,20 @@ size_t PageRunEnd(absl::Span<const BlockId> blocks, size_t i, BlockId end,
 
 }  // namespace
 
-void PagePool::ShapeResult(AllocResult* r, std::vector<BlockId> blocks,
+void PagePool::ShapeResult(AllocResult* r, const Stretches& blocks,
                            size_t sorted, bool as_runs) const {
   if (as_runs) {
-    r->block_runs = BlockRunsOf(blocks, sorted);
+    r->block_runs = blocks.AscendingRuns();
   } else {
-    r->pages = GroupByPage(std::move(blocks), sorted);
+    r->pages = GroupByPage(blocks.Ids(), sorted);
   }
 }
 
 void PagePool::ReshapeResult(AllocResult* r, bool as_runs) const {
   if (as_runs && !r->pages.empty()) {
-    const std::vector<BlockId> ids = AllBlockIds(r->pages);
-    r->block_runs = BlockRunsOf(ids, ids.size());
+    Stretches ids;
+    ids.AppendIds(AllBlockIds(r->pages));
+    r->block_runs = ids.AscendingRuns();
     r->pages.clear();
   } else if (!as_runs && !r->block_runs.empty()) {
     std::vector<BlockId> ids = AllBlockIds(*r);
@@ -744,51 +744,6 @@ void PagePool::ReshapeResult(AllocResult* r, bool as_runs) const {
     r->pages = GroupByPage(std::move(ids), n);
     r->block_runs.clear();
   }
-}
-
-std::vector<BlockId> PagePool::BlockRunsOf(const std::vector<BlockId>& blocks,
-                                           size_t sorted) const {
-  // Each page's run, cut into stretches of consecutive ids, in the order
-  // taken; then ordered by first id. The ids are distinct, so no two
-  // stretches overlap.
-  if (blocks.empty()) return {};
-  const size_t n = blocks.size();
-  if (PageRunEnd(blocks, 0, geometry_.range(geometry_.page_of(blocks[0])).end,
-                 sorted) == n &&
-      blocks[n - 1] - blocks[0] == static_cast<BlockId>(n - 1)) {
-    return {blocks[0], static_cast<BlockId>(n)};  // one stretch on one page
-  }
-  std::vector<std::pair<BlockId, int64_t>> stretches;
-  stretches.reserve(std::min<size_t>(n, 16));
-  for (size_t i = 0; i < blocks.size();) {
-    const BlockId end = geometry_.range(geometry_.page_of(blocks[i])).end;
-    const size_t e = PageRunEnd(blocks, i, end, sorted);
-    if (blocks[e - 1] - blocks[i] == static_cast<BlockId>(e - 1 - i)) {
-      stretches.emplace_back(blocks[i], static_cast<int64_t>(e - i));
-    } else {
-      const absl::Span<const BlockId> page(blocks.data(), e);
-      for (size_t j = i; j < e;) {
-        const size_t k = ConsecutiveEnd(page, j);
-        stretches.emplace_back(blocks[j], static_cast<int64_t>(k - j));
-        j = k;
-      }
-    }
-    i = e;
-  }
-  if (!std::is_sorted(stretches.begin(), stretches.end())) {
-    std::sort(stretches.begin(), stretches.end());
-  }
-  std::vector<BlockId> runs;
-  runs.reserve(2 * stretches.size());
-  for (const auto& [first, count] : stretches) {
-    if (!runs.empty() && runs[runs.size() - 2] + runs.back() == first) {
-      runs.back() += count;
-    } else {
-      runs.push_back(first);
-      runs.push_back(count);
-    }
-  }
-  return runs;
 }
 
 std::vector<PageBlocks> PagePool::GroupByPage(std::vector<BlockId> blocks,

@@ -270,7 +270,9 @@ class PagePool {
     BlockOwner owner = BlockOwner::kAllocated;
     std::string reservation_id;             // Alloc from a reservation
     std::vector<BlockId> from_reservation;  // ascending
-    std::vector<BlockId> blocks;            // taken so far
+    // Taken so far: from_reservation's ids first, then the pages' blocks
+    // in the order taken.
+    Stretches blocks;
     std::vector<PageId> from_idle;          // IDLE pages drawn from, in order
     std::vector<PageId> fresh;              // in flight, FREE-list order
     int64_t fresh_need = 0;                 // blocks to take from `fresh`
@@ -514,13 +516,11 @@ class PagePool {
   // takes). Reads only the geometry: callable without the lock.
   std::vector<PageBlocks> GroupByPage(std::vector<BlockId> blocks,
                                       size_t sorted) const;
-  // The same blocks as AllocResult::block_runs: ascending (first, count)
-  // pairs, adjacent ones merged.
-  std::vector<BlockId> BlockRunsOf(const std::vector<BlockId>& blocks,
-                                   size_t sorted) const;
-  // Fills `r` from an acquisition's blocks in the form the request asked
-  // for (pages, or runs with AllocRequest::as_runs).
-  void ShapeResult(AllocResult* r, std::vector<BlockId> blocks, size_t sorted,
+  // Fills `r` from an acquisition's blocks (`sorted`: how many ids its
+  // reservation part holds) in the form the request asked for: pages, or
+  // runs with AllocRequest::as_runs, made from the stretches without a
+  // list of ids.
+  void ShapeResult(AllocResult* r, const Stretches& blocks, size_t sorted,
                    bool as_runs) const;
   // A remembered result in the form this request asks for (a retry may ask
   // otherwise than the call it repeats).

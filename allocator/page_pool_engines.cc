@@ -18,9 +18,8 @@ absl::Status PagePool::ZeroForHolderLocked(const std::string& holder,
                                            const std::string& request_id,
                                            std::vector<Unmap>* unmaps,
                                            std::string* log) {
-  std::vector<BlockId>* blocks = &acq->blocks;
   std::vector<BlockId> to_zero;
-  tags_.Hand(*blocks, tags_.Intern(holder), &to_zero);
+  tags_.Hand(acq->blocks, tags_.Intern(holder), &to_zero);
   if (to_zero.empty()) return absl::OkStatus();
   std::sort(to_zero.begin(), to_zero.end());
   const int64_t n = static_cast<int64_t>(to_zero.size());
@@ -49,12 +48,13 @@ absl::Status PagePool::ZeroForHolderLocked(const std::string& holder,
   // its blocks back, the others go back to the pool, and those that kept
   // old data are zeroed for whoever gets them next.
   tags_.Taint(to_zero);
-  std::vector<BlockId> from_pool(blocks->begin() + acq->from_reservation.size(),
-                                 blocks->end());
+  std::vector<BlockId> from_pool = acq->blocks.Ids();
+  from_pool.erase(from_pool.begin(),
+                  from_pool.begin() + acq->from_reservation.size());
   std::sort(from_pool.begin(), from_pool.end());
   ReturnBlocksLocked(from_pool, unmaps);
   GiveBackToReservationLocked(acq, unmaps);
-  blocks->clear();
+  acq->blocks.clear();
   if (zeroed.code() == absl::StatusCode::kInternal) {
     MarkFailedLocked(absl::StrCat("zeroing failed: ", zeroed.message()),
                      /*device_lost=*/true, log);

@@ -112,7 +112,7 @@ absl::Status PagePool::Init() {
         stats_.map_latency.Record(m.took);
         ++stats_.pages_mapped_total;
         stats_.peak_mapped_pages = 1;
-        std::vector<BlockId> got;
+        Stretches got;
         ledger_.CommitMap(p, BlockCount(1), BlockOwner::kNull, &got);
       }
     }

@@ -193,7 +193,9 @@ TEST_F(PagePoolTest, AllocAsRunsNamesTheSameBlocksAsPages) {
       const std::vector<BlockId>& runs = b->block_runs;
       for (size_t i = 0; i + 1 < runs.size(); i += 2) {
         EXPECT_GE(runs[i + 1], 1);
-        if (i > 0) EXPECT_GT(runs[i], runs[i - 2] + runs[i - 1]) << i;
+        if (i > 0) {
+          EXPECT_GT(runs[i], runs[i - 2] + runs[i - 1]) << i;
+        }
       }
       return AllBlockIds(*a);
     };
