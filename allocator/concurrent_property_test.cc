@@ -41,6 +41,7 @@
 #include "allocator/fault_injecting_backend.h"
 #include "allocator/host_backend.h"
 #include "allocator/page_pool.h"
+#include "allocator/stretches.h"
 #include "allocator/units.h"
 #include "gtest/gtest.h"
 
@@ -183,7 +184,18 @@ class Caller {
     if (ids.empty()) return;
     books_->Give(ids);
     FreeRequest req;
-    req.block_ids = ids;
+    // Half the time by runs alone (the attach session's form).
+    std::vector<int64_t> runs;
+    if (Uniform(rng_, 0, 1) == 0) {
+      std::vector<BlockId> sorted = ids;
+      std::sort(sorted.begin(), sorted.end());
+      Stretches s;
+      s.AppendIds(sorted);
+      runs = s.AscendingRuns();
+      req.block_runs = runs;
+    } else {
+      req.block_ids = ids;
+    }
     auto r = pool_->Free(req);
     Check(r.ok() && r->freed_blocks == static_cast<int64_t>(ids.size()),
           "Free of held blocks: " +
@@ -577,9 +589,15 @@ TEST(ConcurrentPropertyTest, TwoFreesOfTheSameIdsFreeThemOnce) {
     const std::vector<BlockId> ids = AllBlockIds(*got);
     FreeRequest back;
     back.block_ids = ids;
+    // The second names them by runs alone: the same waiting rule.
+    FreeRequest by_runs;
+    const std::vector<int64_t> runs = {ids.front(),
+                                       static_cast<int64_t>(ids.size())};
+    ASSERT_EQ(ids.back() - ids.front() + 1, static_cast<BlockId>(ids.size()));
+    by_runs.block_runs = runs;
     absl::StatusOr<FreeResult> results[2];
     std::thread a([&] { results[0] = pool.Free(back); });
-    std::thread b([&] { results[1] = pool.Free(back); });
+    std::thread b([&] { results[1] = pool.Free(by_runs); });
     a.join();
     b.join();
     int ok = 0;

@@ -368,6 +368,35 @@ BlockCount PageLedger::CommitMap(PageId p, BlockCount n, BlockOwner owner,
 // ---------------------------------------------------------------------------
 // Returning blocks and unmapping in flight
 
+void PageLedger::ReturnRange(PageId p, BlockId first, BlockId end) {
+  Page& page = pages_[p];
+  // No reserved block on the page: none in the range, no count needed.
+  const int64_t reserved =
+      page.reserved == 0 ? 0 : CountOwnedBy(first, end, BlockOwner::kReserved);
+  const int64_t allocated = (end - first) - reserved;
+  SetOwner(first, end, BlockOwner::kNone);
+  for (int64_t word = first >> 6; (word << 6) < end; ++word) {
+    free_bits_[word] |= WordMask(word, first, end);
+  }
+  page.reserved -= reserved;
+  page.allocated -= allocated;
+  page.free += end - first;
+  reserved_ -= reserved;
+  allocated_ -= allocated;
+}
+
+PageIds PageLedger::FileReturned(const PageIds& touched) {
+  PageIds emptied;
+  for (PageId p : touched) {
+    if (pages_[p].allocated + pages_[p].reserved == 0) {
+      emptied.push_back(p);  // detached; KeepIdle or BeginUnmap files it
+    } else {
+      Attach(p);
+    }
+  }
+  return emptied;
+}
+
 PageIds PageLedger::ReturnBlocks(absl::Span<const BlockId> ascending) {
   ABSL_ASSERT(std::adjacent_find(ascending.begin(), ascending.end(),
                                  std::greater_equal<BlockId>()) ==
@@ -378,12 +407,10 @@ PageIds PageLedger::ReturnBlocks(absl::Span<const BlockId> ascending) {
     Page& page = pages_[p];
     Detach(p);  // OPEN or FULL: it holds block ascending[i]
     touched.push_back(p);
-    int64_t reserved = 0, allocated = 0;
-    // A consecutive run of ids (a call giving back what one Alloc took):
-    // count and clear the owners over the range, set the bits a word at a
-    // time. The ids are strictly ascending, so when the one that many
-    // places on is the page's last block, every id up to it is named: no
-    // walk is needed to find the run.
+    // A consecutive run of ids (a call giving back what one Alloc took)
+    // goes back as a range. The ids are strictly ascending, so when the one
+    // that many places on is the page's last block, every id up to it is
+    // named: no walk is needed to find the run.
     size_t run = i + 1;
     const size_t to_end = static_cast<size_t>(page.end - ascending[i]);
     if (i + to_end <= ascending.size() &&
@@ -397,19 +424,11 @@ PageIds PageLedger::ReturnBlocks(absl::Span<const BlockId> ascending) {
     }
     if (run - i >= 8 &&
         (run == ascending.size() || ascending[run] >= page.end)) {
-      const BlockId first = ascending[i];
-      const BlockId end = ascending[run - 1] + 1;
-      // No reserved block on the page: none in the run, no count needed.
-      reserved = page.reserved == 0
-                     ? 0
-                     : CountOwnedBy(first, end, BlockOwner::kReserved);
-      allocated = (end - first) - reserved;
-      SetOwner(first, end, BlockOwner::kNone);
-      for (int64_t word = first >> 6; (word << 6) < end; ++word) {
-        free_bits_[word] |= WordMask(word, first, end);
-      }
+      ReturnRange(p, ascending[i], ascending[run - 1] + 1);
       i = run;
+      continue;
     }
+    int64_t reserved = 0, allocated = 0;
     for (; i < ascending.size() && ascending[i] < page.end; ++i) {
       const BlockId b = ascending[i];
       if (owner_[b] == BlockOwner::kReserved) {
@@ -426,15 +445,26 @@ PageIds PageLedger::ReturnBlocks(absl::Span<const BlockId> ascending) {
     reserved_ -= reserved;
     allocated_ -= allocated;
   }
-  PageIds emptied;
-  for (PageId p : touched) {
-    if (pages_[p].allocated + pages_[p].reserved == 0) {
-      emptied.push_back(p);  // detached; KeepIdle or BeginUnmap files it
-    } else {
-      Attach(p);
+  return FileReturned(touched);
+}
+
+PageIds PageLedger::ReturnRuns(absl::Span<const int64_t> runs) {
+  PageIds touched;
+  for (size_t i = 0; i + 1 < runs.size(); i += 2) {
+    const BlockId end = runs[i] + runs[i + 1];
+    for (BlockId b = runs[i]; b < end;) {
+      const PageId p = geometry_->page_of(b);
+      // Runs ascending: a page already touched is the last one touched.
+      if (touched.empty() || touched.back() != p) {
+        Detach(p);  // OPEN or FULL: it holds block b
+        touched.push_back(p);
+      }
+      const BlockId e = std::min(end, pages_[p].end);
+      ReturnRange(p, b, e);
+      b = e;
     }
   }
-  return emptied;
+  return FileReturned(touched);
 }
 
 void PageLedger::KeepIdle(PageId p) { Attach(p); }

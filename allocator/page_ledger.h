@@ -235,6 +235,11 @@ class PageLedger {
   // detached from every list: the caller passes each to KeepIdle or
   // BeginUnmap before anything else reads the ledger.
   PageIds ReturnBlocks(absl::Span<const BlockId> ascending);
+  // The same for blocks named by (first, count) pairs, each run starting
+  // past the end of the one before, one range at a time: no list of ids.
+  // REQUIRES: every block named is a usable block of a mapped page, owned
+  // allocated or reserved.
+  PageIds ReturnRuns(absl::Span<const int64_t> runs);
   // A page returned by ReturnBlocks joins the back of the IDLE list.
   void KeepIdle(PageId p);
   // A page returned by ReturnBlocks, or at the front or back of the IDLE
@@ -265,6 +270,11 @@ class PageLedger {
   void RemoveInFlight(PageId p);
   // Removes a mapped page from the OPEN index or the IDLE counters.
   void Detach(PageId p);
+  // Returns [first, end), on page p and detached, to the free blocks.
+  void ReturnRange(PageId p, BlockId first, BlockId end);
+  // Files the pages a return touched (detached, in order): those left
+  // with no owned block are returned, the others attached again.
+  PageIds FileReturned(const PageIds& touched);
   // Files a mapped, detached page by its counts; IDLE pages join the back.
   void Attach(PageId p);
   int64_t TakeFromPage(PageId p, int64_t n, BlockOwner owner, Stretches* out);

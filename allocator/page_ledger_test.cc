@@ -167,6 +167,50 @@ TEST(PageLedgerTest, OwnerRunsCountAndReturnAtAnyAlignment) {
   EXPECT_EQ(l.Check(), "");
 }
 
+// Runs across pages, partial and whole, reserved and allocated alike, go
+// back as their ids would: the same pages emptied, in order, and the same
+// counts.
+TEST(PageLedgerTest, ReturnRunsAgreesWithReturnBlocks) {
+  const Geometry g = MakeGeometry(MiB(2), KiB(64), 160);  // 5 pages of 32
+  PageLedger by_runs(&g), by_ids(&g);
+  for (PageLedger* l : {&by_runs, &by_ids}) {
+    MapIdle(*l, 5);
+    Stretches taken;
+    std::vector<PageId> from_idle;
+    l->TakeMapped(BlockCount(40), BlockOwner::kReserved, &taken, &from_idle);
+    l->TakeMapped(BlockCount(100), BlockOwner::kAllocated, &taken,
+                  &from_idle);
+  }
+  // 0..39 reserved, 40..139 allocated. Return 3..9, 30..69 (part of page
+  // 0, all of page 1, part of page 2; both owners), all of page 3
+  // (96..127) and 130..131.
+  const std::vector<int64_t> runs = {3, 7, 30, 40, 96, 32, 130, 2};
+  std::vector<BlockId> ids;
+  for (size_t i = 0; i < runs.size(); i += 2) {
+    for (int64_t k = 0; k < runs[i + 1]; ++k) ids.push_back(runs[i] + k);
+  }
+  const PageIds a = by_runs.ReturnRuns(runs);
+  const PageIds b = by_ids.ReturnBlocks(ids);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, (PageIds{1, 3}));  // pages 1 and 3 emptied, detached
+  for (PageLedger* l : {&by_runs, &by_ids}) {
+    l->KeepIdle(1);
+    l->KeepIdle(3);
+    EXPECT_EQ(l->Check(), "");
+  }
+  EXPECT_EQ(by_runs.reserved(), by_ids.reserved());
+  EXPECT_EQ(by_runs.reserved(), BlockCount(40 - 7 - 10));
+  EXPECT_EQ(by_runs.allocated(), BlockCount(100 - 30 - 32 - 2));
+  EXPECT_EQ(by_runs.open_free(), by_ids.open_free());
+  for (BlockId blk = 0; blk < 160; ++blk) {
+    ASSERT_EQ(by_runs.owner(blk), by_ids.owner(blk)) << blk;
+  }
+  for (PageId p = 0; p < 5; ++p) {
+    EXPECT_EQ(by_runs.page(p).state, by_ids.page(p).state) << p;
+    EXPECT_EQ(by_runs.page(p).free, by_ids.page(p).free) << p;
+  }
+}
+
 // AllAllocated answers a whole FULL page from its counts: it must agree
 // with the owners wherever the counts could mislead (a reserved block, the
 // null block, a page in flight owning nothing, part of a page).
@@ -386,7 +430,16 @@ class LedgerWalk {
       ids = model_->reservations().begin()->second;
     }
     std::sort(ids.begin(), ids.end());
-    PageIds emptied = ledger_.ReturnBlocks(ids);
+    // Half the time as runs (a Free named by runs alone), which must agree.
+    PageIds emptied;
+    if (Uniform(0, 1)) {
+      Stretches runs;
+      runs.AppendIds(ids);
+      std::vector<int64_t> pairs = runs.AscendingRuns();
+      emptied = ledger_.ReturnRuns(pairs);
+    } else {
+      emptied = ledger_.ReturnBlocks(ids);
+    }
     for (PageId p : emptied) {
       if (ledger_.idle_pages_listed().value() < max_idle_) {
         ledger_.KeepIdle(p);

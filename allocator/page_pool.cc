@@ -236,6 +236,12 @@ void PagePool::ReturnBlocksLocked(absl::Span<const BlockId> ascending,
   SettleLimitLocked();
 }
 
+void PagePool::ReturnRunsLocked(absl::Span<const int64_t> runs,
+                                std::vector<Unmap>* unmaps) {
+  for (PageId p : ledger_.ReturnRuns(runs)) FileEmptiedLocked(p, unmaps);
+  SettleLimitLocked();
+}
+
 int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
                                        std::string* log) {
   if (unmaps->empty()) return 0;

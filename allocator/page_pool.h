@@ -436,6 +436,10 @@ class PagePool {
   };
   FreeCheck CheckStepLocked(absl::Span<const BlockId> ascending) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for blocks named by (first, count) pairs, ascending and apart,
+  // a page's part of a run at a time.
+  FreeCheck CheckRunsLocked(absl::Span<const int64_t> runs) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (releasing mu_) until block b is not marked.
   void AwaitNotFreeingLocked(BlockId b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The refusal for ids that are not all allocated (walks every id in the
@@ -448,6 +452,10 @@ class PagePool {
   // flight to be unmapped (appended to `unmaps`). Settles the limit.
   void ReturnBlocksLocked(absl::Span<const BlockId> ascending,
                           std::vector<Unmap>* unmaps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for runs that CheckRunsLocked found valid.
+  void ReturnRunsLocked(absl::Span<const int64_t> runs,
+                        std::vector<Unmap>* unmaps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A page left with no allocated or reserved block: IDLE while fewer than
   // max_idle_pages are and the pool is within its limit, else in flight to

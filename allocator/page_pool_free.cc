@@ -15,41 +15,55 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "allocator/page_pool.h"
+#include "common/consecutive_ids.h"
 #include "common/error_keys.h"
 
 namespace kvbroker {
 
 namespace {
 
-// Whether `runs` are (first, count) pairs of `n` ids in all, each starting
-// past the end of the one before: their expansion is strictly ascending.
-// One step per pair.
-bool RunsAscending(absl::Span<const int64_t> runs, size_t n) {
+// Whether `runs` are (first, count) pairs each starting past the end of
+// the one before: their expansion is strictly ascending. Sets `*total` to
+// the ids they name. One step per pair.
+bool RunsAscending(absl::Span<const int64_t> runs, uint64_t* total) {
+  *total = 0;
   if (runs.empty() || runs.size() % 2 != 0) return false;
   int64_t next = std::numeric_limits<int64_t>::min();
-  uint64_t total = 0;
   for (size_t i = 0; i < runs.size(); i += 2) {
     const int64_t first = runs[i], count = runs[i + 1];
     if (count < 1 || first < next ||
         first > std::numeric_limits<int64_t>::max() - (count - 1)) {
       return false;
     }
-    total += static_cast<uint64_t>(count);
+    *total += static_cast<uint64_t>(count);
     if (first + (count - 1) == std::numeric_limits<int64_t>::max()) {
-      return i + 2 == runs.size() && total == n;
+      return i + 2 == runs.size();
     }
     next = first + count;
   }
-  return total == n;
+  return true;
+}
+
+// The ids that (first, count) pairs name, in order. REQUIRES: the pairs
+// are valid (FreeRequest::block_runs).
+std::vector<BlockId> IdsOfRuns(absl::Span<const int64_t> runs) {
+  size_t n = 0;
+  for (size_t i = 1; i < runs.size(); i += 2) n += static_cast<size_t>(runs[i]);
+  std::vector<BlockId> ids(n);
+  BlockId* at = ids.data();
+  for (size_t i = 0; i + 1 < runs.size(); i += 2) {
+    WriteConsecutive(at, runs[i], runs[i + 1]);
+    at += runs[i + 1];
+  }
+  return ids;
 }
 
 // The ids themselves would make the fingerprint (and every remembered
 // Free) as long as the request; a 64-bit hash of them, with the count,
 // tells a retry from another request just as well within one process.
-std::string FreeFingerprint(const FreeRequest& r) {
-  return absl::StrCat(
-      "free/", r.block_ids.size(), "/",
-      absl::Hex(absl::Hash<absl::Span<const BlockId>>{}(r.block_ids)));
+std::string FreeFingerprint(absl::Span<const BlockId> ids) {
+  return absl::StrCat("free/", ids.size(), "/",
+                      absl::Hex(absl::Hash<absl::Span<const BlockId>>{}(ids)));
 }
 
 }  // namespace
@@ -57,13 +71,31 @@ std::string FreeFingerprint(const FreeRequest& r) {
 absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
   Epilogue epi;
   absl::StatusOr<FreeResult> result;
+  // A Free named by runs alone that are ascending and apart, of at most
+  // free_one_step_blocks_ ids and with no request id (the attach session's
+  // usual Free) is checked and returned a page's part of a run at a time,
+  // and no list of its ids is made. Any other is read as ids.
+  std::vector<BlockId> expanded;
+  absl::Span<const BlockId> named = request.block_ids;
+  absl::Span<const int64_t> runs;
+  uint64_t runs_total = 0;
+  const bool runs_ascending = RunsAscending(request.block_runs, &runs_total);
+  if (request.block_ids.empty() && !request.block_runs.empty()) {
+    if (runs_ascending && request.request_id.empty() &&
+        runs_total <= std::max(step_pages_, free_one_step_blocks_)) {
+      runs = request.block_runs;
+    } else {
+      expanded = IdsOfRuns(request.block_runs);
+      named = expanded;
+    }
+  }
   // Ordering the ids, finding a repeat and cutting them into steps need no
   // pool state. Ids as Alloc handed them out are already ascending: no copy
   // then. One pass when they are strictly ascending (sorted, no repeat);
   // none when the caller's runs already say so.
   std::vector<BlockId> sorted_copy;
-  absl::Span<const BlockId> ascending = request.block_ids;
-  auto dup = RunsAscending(request.block_runs, ascending.size())
+  absl::Span<const BlockId> ascending = named;
+  auto dup = runs_ascending && runs_total == ascending.size()
                  ? ascending.end()
                  : std::adjacent_find(ascending.begin(), ascending.end(),
                                       std::greater_equal<BlockId>());
@@ -122,8 +154,7 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FreeResult> {
       if (shut_down_) return CheckUsableLocked(Counted::kYes);
       const std::string& id = request.request_id;
-      const std::string fingerprint =
-          id.empty() ? "" : FreeFingerprint(request);
+      const std::string fingerprint = id.empty() ? "" : FreeFingerprint(named);
       ExpireLocked(&epi.log);
       AwaitNotPendingLocked(id);
       if (std::optional<absl::StatusOr<FreeResult>> replay =
@@ -160,7 +191,8 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         bool valid = true;
         for (size_t k = 0; k < steps && valid && busy < 0; ++k) {
           if (k > 0) StepLocked();
-          const FreeCheck check = CheckStepLocked(step_ids(k));
+          const FreeCheck check = runs.empty() ? CheckStepLocked(step_ids(k))
+                                               : CheckRunsLocked(runs);
           valid = check.valid;
           busy = check.busy;
           // A step's ids are marked together once all of them passed
@@ -178,7 +210,10 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
           continue;
         }
         if (!valid) {
-          absl::Status refusal = CheckFreeLocked(request.block_ids);
+          // The refusal names ids.
+          if (!runs.empty() && expanded.empty()) expanded = IdsOfRuns(runs);
+          absl::Status refusal =
+              CheckFreeLocked(runs.empty() ? named : expanded);
           if (refusal.ok()) continue;  // changed meanwhile: walk again
           done_stepping();
           return refusal;
@@ -194,9 +229,14 @@ absl::StatusOr<FreeResult> PagePool::Free(const FreeRequest& request) {
         StepLocked();
         MarkFreeingLocked(ascending, false);
       }
-      ReturnBlocksLocked(ascending, &unmaps);
-      if (!ascending.empty()) BumpGenerationLocked();
-      out.freed_blocks = static_cast<int64_t>(ascending.size());
+      if (runs.empty()) {
+        ReturnBlocksLocked(ascending, &unmaps);
+        out.freed_blocks = static_cast<int64_t>(ascending.size());
+      } else {
+        ReturnRunsLocked(runs, &unmaps);
+        out.freed_blocks = static_cast<int64_t>(runs_total);
+      }
+      if (out.freed_blocks > 0) BumpGenerationLocked();
       stats_.blocks_freed_total += out.freed_blocks;
       if (!unmaps.empty()) {
         if (!id.empty() && !stepped) remembered_.MarkPending(id);
@@ -262,6 +302,41 @@ PagePool::FreeCheck PagePool::CheckStepLocked(
       return check;
     }
     ++i;
+  }
+  return check;
+}
+
+PagePool::FreeCheck PagePool::CheckRunsLocked(
+    absl::Span<const int64_t> runs) const {
+  FreeCheck check;
+  const int64_t max_blocks = geometry_.max_blocks();
+  for (size_t i = 0; i + 1 < runs.size(); i += 2) {
+    const BlockId first = runs[i], end = runs[i] + runs[i + 1];
+    if (first < 0 || end > max_blocks) {
+      check.valid = false;
+      return check;
+    }
+    for (BlockId b = first; b < end;) {
+      const PageId p = geometry_.page_of(b);
+      const PageLedger::Page& page = ledger_.page(p);
+      // A block off its page's usable range (one that straddles two pages)
+      // is no block anyone holds.
+      if (b < page.begin || b >= page.end) {
+        check.valid = false;
+        return check;
+      }
+      const BlockId e = std::min(end, page.end);
+      if ((!committing_.empty() && UnshownLocked(p)) ||
+          !ledger_.AllAllocated(p, b, e)) {
+        check.valid = false;
+        return check;
+      }
+      if (freeing_blocks_ > 0) {
+        check.busy = FirstFreeingLocked(b, e);
+        if (check.busy >= 0) return check;
+      }
+      b = e;
+    }
   }
   return check;
 }

@@ -389,6 +389,107 @@ TEST_F(PagePoolTest, FreeWithRunsChecksOrderFromThemOrFromTheIds) {
   ASSERT_TRUE(pool.Shutdown(/*force=*/true).ok());
 }
 
+// A Free named by runs alone is checked and returned run by run when the
+// runs are ascending, within free_one_step_blocks and without a request id;
+// otherwise it is read as the ids the runs name. Either way it is refused
+// as its ids would be (the refusal names them), frees nothing then, and a
+// retry may name the same blocks by ids.
+TEST_F(PagePoolTest, FreeOfRunsAloneIsJudgedAsItsIds) {
+  for (const int64_t one_step : {256, 2}) {
+    SCOPED_TRACE(one_step);
+    PoolConfig c = FourBlockPages(16);  // 4 pages: ids 0..15
+    c.reserve_null_block = true;        // block 0
+    PoolOptions o;
+    o.max_idle_pages = 4;
+    o.step_pages = 1;
+    o.free_one_step_blocks = one_step;
+    auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+    ASSERT_TRUE(made.ok()) << made.status();
+    PagePool& pool = **made;
+    ASSERT_TRUE(pool.Alloc({9, "", "", {}}).ok());        // 1..9
+    auto held = pool.Reserve({2, absl::Seconds(5), ""});  // 10, 11
+    ASSERT_TRUE(held.ok()) << held.status();
+    ASSERT_TRUE(pool.Free({{6}, ""}).ok());
+    auto free_runs = [&](std::vector<int64_t> runs, std::string id = "") {
+      FreeRequest r;
+      r.block_runs = runs;
+      r.request_id = std::move(id);
+      return pool.Free(r);
+    };
+    const CapacitySnapshot before = *pool.Capacity();
+    ASSERT_EQ(before.allocated_blocks.value(), 8);
+    const std::vector<std::tuple<std::vector<int64_t>, FailureReason,
+                                 std::string>>
+        cases = {
+            {{0, 4}, FailureReason::kBlockNotAllocated, "first: 0"},
+            {{4, 4}, FailureReason::kBlockNotAllocated, "first: 6"},
+            {{1, 5, 7, 5}, FailureReason::kBlockInReservation, "first: 10"},
+            {{-2, 3}, FailureReason::kBlockNotAllocated, "first: -2"},
+            {{15, 2}, FailureReason::kBlockNotAllocated, "first: 15"},
+            {{7, 1, 5, 2}, FailureReason::kBlockNotAllocated, "first: 6"},
+        };
+    for (const auto& [runs, reason, first] : cases) {
+      absl::StatusOr<FreeResult> r = free_runs(runs);
+      EXPECT_EQ(GetReason(r.status()), reason) << r.status();
+      EXPECT_NE(r.status().message().find(first), std::string::npos)
+          << r.status();
+      const CapacitySnapshot after = *pool.Capacity();
+      EXPECT_EQ(after.allocated_blocks, before.allocated_blocks);
+      EXPECT_EQ(after.available_blocks, before.available_blocks);
+      EXPECT_EQ(after.generation, before.generation);
+      ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+    }
+    // Runs out of order, then ascending runs with a request id whose retry
+    // names the same blocks by ids.
+    absl::StatusOr<FreeResult> down = free_runs({8, 2, 4, 1});
+    ASSERT_TRUE(down.ok()) << down.status();
+    EXPECT_EQ(down->freed_blocks, 3);
+    absl::StatusOr<FreeResult> named = free_runs({1, 3, 5, 1, 7, 1}, "f1");
+    ASSERT_TRUE(named.ok()) << named.status();
+    EXPECT_EQ(named->freed_blocks, 5);
+    EXPECT_FALSE(named->replayed);
+    absl::StatusOr<FreeResult> again = pool.Free({{1, 2, 3, 5, 7}, "f1"});
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(again->replayed);
+    EXPECT_EQ(pool.Capacity()->allocated_blocks.value(), 0);
+    ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+    ASSERT_TRUE(pool.Shutdown(/*force=*/true).ok());
+  }
+}
+
+// Blocks that straddle two pages belong to neither: a run over one is
+// refused, naming it; runs around it are freed.
+TEST_F(PagePoolTest, FreeOfRunsRefusesAStraddlingBlock) {
+  PoolConfig c;
+  c.name = "p";
+  c.page_size = MiB(14);  // pages hold {0, 1} and {3}; block 2 straddles
+  c.block_bytes = MiB(6);
+  c.max_blocks = 4;
+  auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, {});
+  ASSERT_TRUE(made.ok()) << made.status();
+  PagePool& pool = **made;
+  auto got = pool.Alloc({3, "", "", {}});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(AllBlockIds(*got), (std::vector<BlockId>{0, 1, 3}));
+  FreeRequest over;
+  const std::vector<int64_t> all = {0, 4};
+  over.block_runs = all;
+  absl::StatusOr<FreeResult> refused = pool.Free(over);
+  EXPECT_EQ(GetReason(refused.status()), FailureReason::kBlockNotAllocated);
+  EXPECT_NE(refused.status().message().find("first: 2"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(pool.Capacity()->allocated_blocks.value(), 3);
+  FreeRequest around;
+  const std::vector<int64_t> both = {0, 2, 3, 1};
+  around.block_runs = both;
+  absl::StatusOr<FreeResult> freed = pool.Free(around);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(freed->freed_blocks, 3);
+  EXPECT_EQ(pool.Capacity()->allocated_blocks.value(), 0);
+  ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  ASSERT_TRUE(pool.Shutdown(/*force=*/true).ok());
+}
+
 // PoolOptions::step_pages sets the walk's step: at one page a Free of ids
 // on three pages pauses twice validating and once before returning them,
 // and a mapping Alloc of three pages pauses twice committing them.

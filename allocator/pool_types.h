@@ -145,10 +145,13 @@ struct FreeRequest {
   // must stay valid until Free returns.
   absl::Span<const BlockId> block_ids;
   std::string request_id;
-  // Optional, viewed likewise: (first, count) pairs whose expansion is
-  // exactly block_ids (the RPC layer read them from the caller's runs).
-  // Pairs ascending and apart tell Free that the ids are strictly
-  // ascending without a pass over them; other pairs are not used.
+  // Optional, viewed likewise: (first, count) pairs, each with count >= 1
+  // and naming no id past the largest int64 (the RPC layer checks that,
+  // and bounds the ids they name). With block_ids empty they are the ids
+  // the Free names; otherwise their expansion is exactly block_ids. Pairs
+  // ascending and apart tell Free that the ids are strictly ascending
+  // without a pass over them; a Free of such pairs alone is checked and
+  // returned run by run (docs/design.md, "Acquisitions as stretches").
   absl::Span<const int64_t> block_runs;
 };
 

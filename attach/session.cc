@@ -479,10 +479,10 @@ absl::Status AttachServer::Session::AllocForHolder(
   return absl::OkStatus();
 }
 
-absl::Status AttachServer::Session::TakeOwned(Holder& h,
-                                              absl::Span<const int64_t> ids,
-                                              absl::Span<const int64_t> runs,
-                                              const std::string& holder) {
+absl::Status AttachServer::Session::TakeOwned(
+    Holder& h, absl::Span<const int64_t> runs,
+    absl::FunctionRef<absl::Span<const int64_t>()> named_ids,
+    const std::string& holder) {
   constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
   // The caller's runs first: a run the holder owns whole is erased whole (a
   // repeat across runs finds its ids gone). At the first that fails, those
@@ -499,6 +499,7 @@ absl::Status AttachServer::Session::TakeOwned(Holder& h,
   for (size_t i = 0; i < erased; i += 2) {
     h.blocks.InsertRange(runs[i], runs[i] + runs[i + 1]);
   }
+  const absl::Span<const int64_t> ids = named_ids();
   // Each id is taken out as it is checked, so a repeat finds itself gone;
   // on a refusal the ones taken go back and nothing changed.
   // Runs of consecutive ids go a word at a time; a run with an id the
@@ -575,10 +576,23 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
   }
   KVB_RETURN_IF_ERROR(CheckId("request_id", request.request_id()));
   const std::string request_id = HolderRequestId(holder_, request.request_id());
+  expanded_ids_.clear();
   absl::StatusOr<FreeRequest> named =
       FromProto(request, kMaxSessionBlocks, &expanded_ids_);
   if (!named.ok()) return named.status();
-  const absl::Span<const int64_t> ids = named->block_ids;
+  // Runs stand for the ids only when they are all the Free named; then the
+  // pool reads them as they are, and a list of ids is made only off the
+  // usual path (a refusal, a retry).
+  const absl::Span<const int64_t> runs =
+      named->block_ids.empty() ? named->block_runs
+                               : absl::Span<const int64_t>();
+  auto ids = [&]() -> absl::Span<const int64_t> {
+    if (runs.empty()) return named->block_ids;
+    if (expanded_ids_.empty()) {
+      (void)ExpandBlockRuns(runs, kMaxSessionBlocks, &expanded_ids_);
+    }
+    return expanded_ids_;
+  };
   // Whether the ids were taken out of the holder's set here (a retry's are
   // not: they may be gone already); they go back if the pool refuses.
   bool taken = false;
@@ -588,13 +602,7 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
     const bool retry =
         !request_id.empty() && h.free_request_set.contains(request_id);
     if (!retry) {
-      // Runs stand for the ids only when they are all the Free named.
-      const absl::Span<const int64_t> runs =
-          request.block_ids_size() == 0
-              ? absl::MakeConstSpan(request.block_runs().data(),
-                                    request.block_runs_size())
-              : absl::Span<const int64_t>();
-      KVB_RETURN_IF_ERROR(TakeOwned(h, ids, runs, holder_));
+      KVB_RETURN_IF_ERROR(TakeOwned(h, runs, ids, holder_));
       taken = true;
     }
   }
@@ -608,10 +616,13 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
     absl::MutexLock lock(&server_->mu_);
     Holder& h = *holder_entry_;
     if (!result.ok() || result->replayed) {
-      if (taken) h.blocks.insert(ids.begin(), ids.end());
+      if (taken) {
+        const absl::Span<const int64_t> back = ids();
+        h.blocks.insert(back.begin(), back.end());
+      }
     } else {
       if (!taken) {
-        for (int64_t b : ids) h.blocks.erase(b);
+        for (int64_t b : ids()) h.blocks.erase(b);
       }
       RememberFree(h, request_id);
     }

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -106,15 +107,16 @@ class AttachServer::Session {
   absl::Status AllocForHolder(AllocRequest alloc,
                               ::kvbroker::v1::AllocResponse* response,
                               bool as_runs = false);
-  // Takes `ids` out of the holder's set if it owns each exactly once;
-  // otherwise changes nothing and refuses (INVALID_ARGUMENT for a repeat,
-  // BLOCK_NOT_ALLOCATED for one it does not own). `runs`, when not empty,
-  // are (first, count) pairs that expand to exactly `ids` (a Free that
-  // named its blocks by runs only): each is taken a word at a time, and
-  // only a refusal walks the ids.
-  static absl::Status TakeOwned(Holder& h, absl::Span<const int64_t> ids,
-                                absl::Span<const int64_t> runs,
-                                const std::string& holder);
+  // Takes the ids a Free names (`named_ids()`) out of the holder's set if
+  // it owns each exactly once; otherwise changes nothing and refuses
+  // (INVALID_ARGUMENT for a repeat, BLOCK_NOT_ALLOCATED for one it does not
+  // own). `runs`, when not empty, are (first, count) pairs that expand to
+  // exactly those ids (a Free that named its blocks by runs only): each is
+  // taken a word at a time, and only a refusal asks for the ids.
+  static absl::Status TakeOwned(
+      Holder& h, absl::Span<const int64_t> runs,
+      absl::FunctionRef<absl::Span<const int64_t>()> named_ids,
+      const std::string& holder);
   // Remembers a Free's request id (bounded) so that its retry reaches the
   // pool's replay.
   static void RememberFree(Holder& h, const std::string& request_id);

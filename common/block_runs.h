@@ -4,9 +4,10 @@
 // of a varint per block and a message per page, which is what the engine's
 // hot path and the daemon's spend most on for large calls
 // (bench/RESULTS.md, "Block runs on the session"). The daemon reads a
-// caller's runs with ExpandBlockRuns and refuses what it rejects
-// (server/proto_convert.h, FromProto of a FreeRequest); the engine reads the
-// daemon's the same way.
+// caller's runs with CheckBlockRuns and refuses what it rejects
+// (server/proto_convert.h, FromProto of a FreeRequest), passing valid runs
+// on to the pool unexpanded; the engine reads the daemon's with
+// ExpandBlockRuns.
 #ifndef KVBROKER_COMMON_BLOCK_RUNS_H_
 #define KVBROKER_COMMON_BLOCK_RUNS_H_
 
@@ -69,19 +70,19 @@ inline bool BlockRunsIfShorter(absl::Span<const int64_t> ids,
   return !ids.empty();
 }
 
-// Appends the ids `runs` names to `*ids`. INVALID_ARGUMENT, with `*ids`
-// unchanged, for an odd number of values, a count below 1, a run past the
-// largest int64, or more than `max_ids` ids in `*ids` afterwards. Which ids
-// are blocks of a pool is the pool's to say, as for listed ids.
-inline absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
-                                    int64_t max_ids,
-                                    std::vector<int64_t>* ids) {
+// Whether `runs` can name ids: INVALID_ARGUMENT for an odd number of
+// values, a count below 1, a run past the largest int64, or more than
+// `max_ids` ids in all (`already` of them named elsewhere in the call).
+// Sets `*total` to the ids the runs name. Which ids are blocks of a pool is
+// the pool's to say, as for listed ids.
+inline absl::Status CheckBlockRuns(absl::Span<const int64_t> runs,
+                                   int64_t max_ids, int64_t already,
+                                   int64_t* total) {
   if (runs.size() % 2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(runs.size(), " values do not make (first, count) pairs"));
   }
-  const int64_t before = static_cast<int64_t>(ids->size());
-  int64_t total = before;
+  int64_t sum = already;
   for (size_t i = 0; i < runs.size(); i += 2) {
     const int64_t first = runs[i], count = runs[i + 1];
     if (count < 1 ||
@@ -89,13 +90,28 @@ inline absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
       return absl::InvalidArgumentError(absl::StrCat(
           "run (", first, ", ", count, ") names no ids or ids past 2^63 - 1"));
     }
-    if (count > max_ids - total) {
+    if (count > max_ids - sum) {
       return absl::InvalidArgumentError(
           absl::StrCat("more than ", max_ids, " blocks in one call"));
     }
-    total += count;
+    sum += count;
   }
-  ids->resize(static_cast<size_t>(total));
+  *total = sum - already;
+  return absl::OkStatus();
+}
+
+// Appends the ids `runs` names to `*ids`; refuses as CheckBlockRuns does
+// (counting the ids already in `*ids`), with `*ids` unchanged.
+inline absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
+                                    int64_t max_ids,
+                                    std::vector<int64_t>* ids) {
+  const int64_t before = static_cast<int64_t>(ids->size());
+  int64_t named = 0;
+  if (absl::Status s = CheckBlockRuns(runs, max_ids, before, &named);
+      !s.ok()) {
+    return s;
+  }
+  ids->resize(static_cast<size_t>(before + named));
   int64_t* out = ids->data() + before;
   for (size_t i = 0; i < runs.size(); i += 2) {
     WriteConsecutive(out, runs[i], runs[i + 1]);

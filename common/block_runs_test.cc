@@ -136,7 +136,22 @@ TEST(BlockRunsTest, ExpandRefusesMalformedRunsAndChangesNothing) {
     const absl::Status s = ExpandBlockRuns(runs, 10, &ids);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << runs.size();
     EXPECT_THAT(ids, ElementsAre(1));
+    int64_t total = -7;
+    EXPECT_EQ(CheckBlockRuns(runs, 10, 1, &total).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(total, -7);
   }
+}
+
+// What the daemon does with a Free's runs instead of expanding them.
+TEST(BlockRunsTest, CheckCountsTheIdsWithinTheBound) {
+  int64_t total = 0;
+  ASSERT_TRUE(CheckBlockRuns({9, 10, 30, 4}, 14, 0, &total).ok());
+  EXPECT_EQ(total, 14);
+  EXPECT_EQ(CheckBlockRuns({9, 10, 30, 4}, 14, 1, &total).code(),
+            absl::StatusCode::kInvalidArgument);  // 15 with the one named
+  ASSERT_TRUE(CheckBlockRuns({}, 14, 3, &total).ok());
+  EXPECT_EQ(total, 0);
 }
 
 }  // namespace

@@ -197,16 +197,22 @@ absl::StatusOr<FreeRequest> FromProto(const v1::FreeRequest& request,
                                       std::vector<int64_t>* storage) {
   FreeRequest free = FromProto(request);
   if (request.block_runs().empty()) return free;
-  storage->assign(request.block_ids().begin(), request.block_ids().end());
-  if (absl::Status s = ExpandBlockRuns(request.block_runs(), max_ids, storage);
-      !s.ok()) {
+  absl::Status s;
+  if (request.block_ids().empty()) {
+    int64_t named = 0;
+    s = CheckBlockRuns(request.block_runs(), max_ids, 0, &named);
+    if (s.ok()) free.block_runs = request.block_runs();
+  } else {
+    storage->assign(request.block_ids().begin(), request.block_ids().end());
+    s = ExpandBlockRuns(request.block_runs(), max_ids, storage);
+    if (s.ok()) free.block_ids = *storage;
+  }
+  if (!s.ok()) {
     const std::string why(s.message());
     return MakeFailure(FailureReason::kInvalidArgument,
                        absl::StrCat("block_runs: ", why, "; nothing was freed"),
                        {{"field", "block_runs"}}, {{"block_runs", why}});
   }
-  free.block_ids = *storage;
-  if (request.block_ids().empty()) free.block_runs = request.block_runs();
   return free;
 }
 

@@ -53,9 +53,11 @@ void ToProto(absl::Time t, google::protobuf::Timestamp* out);
 // outlive the returned value.
 AllocRequest FromProto(const v1::AllocRequest& request);
 // A Free of block_ids and block_runs together, at most `max_ids` blocks:
-// what ExpandBlockRuns (common/block_runs.h) rejects is INVALID_ARGUMENT
+// what CheckBlockRuns (common/block_runs.h) rejects is INVALID_ARGUMENT
 // naming block_runs. Without runs the result views the message's
-// block_ids; with them, `*storage`, which must outlive it.
+// block_ids; with runs only, the message's runs, unexpanded (the pool reads
+// them as they are); with both, the ids followed by the runs' expansion in
+// `*storage`, which must outlive it.
 absl::StatusOr<FreeRequest> FromProto(const v1::FreeRequest& request,
                                       int64_t max_ids,
                                       std::vector<int64_t>* storage);
