@@ -24,7 +24,7 @@ using Tags4 = uint32_t __attribute__((vector_size(16)));
 
 }  // namespace
 
-// A stretch's tags are consecutive in memory: one pass tells, four at a
+// A stretch's tags are consecutive in memory: one pass tells, eight at a
 // time, whether each is 0 or this holder's (fresh blocks, or the holder's
 // own coming back: by far the usual case) and whether any is 0; then the
 // stretch is tagged with vector stores, or left alone when every tag is the
@@ -37,16 +37,26 @@ void HolderTags::Hand(const Stretches& blocks, uint32_t holder,
   for (const Stretch& s : blocks) {
     uint32_t* tags = last_.data() + s.first;
     const size_t n = static_cast<size_t>(s.count);
-    Tags4 other = {0, 0, 0, 0}, zero = {0, 0, 0, 0};
+    // Lanes all ones while every tag seen is 0 or mine; any lane ones once
+    // a tag was 0. Eight tags an iteration.
+    Tags4 ok = ~Tags4{0, 0, 0, 0}, zero = {0, 0, 0, 0};
     size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      Tags4 v, w;
+      std::memcpy(&v, tags + i, sizeof v);
+      std::memcpy(&w, tags + i + 4, sizeof w);
+      const Tags4 zv = v == 0, zw = w == 0;
+      ok &= (zv | (v == mine)) & (zw | (w == mine));
+      zero |= zv | zw;
+    }
     for (; i + 4 <= n; i += 4) {
       Tags4 v;
       std::memcpy(&v, tags + i, sizeof v);
       const Tags4 z = v == 0;
+      ok &= z | (v == mine);
       zero |= z;
-      other |= ~(z | (v == mine));
     }
-    bool foreign = (other[0] | other[1] | other[2] | other[3]) != 0;
+    bool foreign = (~ok[0] | ~ok[1] | ~ok[2] | ~ok[3]) != 0;
     bool fresh = (zero[0] | zero[1] | zero[2] | zero[3]) != 0;
     for (; i < n; ++i) {
       foreign |= tags[i] != 0 && tags[i] != holder;

@@ -1,6 +1,7 @@
-// ConsecutiveEnd against the plain definition at every break position and
-// across the largest id; WriteConsecutive against a loop of first + k for
-// every count around its four-at-a-time steps, at both ends of int64.
+// ConsecutiveEnd against the plain definition at every break position (in
+// and around its eight- and four-id steps) and across the largest id;
+// WriteConsecutive against a loop of first + k for every count around its
+// four-at-a-time steps, at both ends of int64.
 
 #include "common/consecutive_ids.h"
 
