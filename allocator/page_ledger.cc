@@ -86,15 +86,6 @@ PageLedger::PageLedger(const Geometry* geometry) : geometry_(geometry) {
 // ---------------------------------------------------------------------------
 // Reading
 
-PageCount PageLedger::mapped_pages() const {
-  return pages(PageState::kIdle) + pages(PageState::kOpen) +
-         pages(PageState::kFull) + pages(PageState::kMapping);
-}
-
-PageCount PageLedger::admitted_pages() const {
-  return PageCount(mapped_pages().value() + free_pages().value() - leaving_);
-}
-
 BlockCount PageLedger::admitted_usable() const {
   return BlockCount(geometry_->total_usable().value() - reclaimed_usable_ -
                     null_blocks_);
@@ -251,6 +242,27 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
   return taken;
 }
 
+int64_t PageLedger::TakeIdlePage(PageId p, BlockOwner owner, Stretches* out) {
+  Page& page = pages_[p];
+  ABSL_ASSERT(page.state == PageState::kIdle && page.free == page.usable);
+  idle_usable_ -= page.usable;
+  SetOwner(page.begin, page.end, owner);
+  for (int64_t word = page.begin >> 6; (word << 6) < page.end; ++word) {
+    free_bits_[word] &= ~WordMask(word, page.begin, page.end);
+  }
+  out->Append(page.begin, page.usable);
+  page.free = 0;
+  if (owner == BlockOwner::kNull) page.holds_null = true;
+  if (owner == BlockOwner::kReserved) {
+    page.reserved = page.usable;
+  } else {
+    page.allocated = page.usable;
+  }
+  CountTaken(owner, page.usable);
+  ChangeState(p, PageState::kFull);
+  return page.usable;
+}
+
 // ---------------------------------------------------------------------------
 // Taking blocks
 
@@ -271,8 +283,12 @@ void PageLedger::TakeMapped(BlockCount n, BlockOwner owner, Stretches* out,
   while (need > 0 && !idle_.empty()) {
     const PageId p = idle_.front();
     idle_.pop_front();
-    Detach(p);
     from_idle->push_back(p);
+    if (need >= pages_[p].usable) {
+      need -= TakeIdlePage(p, owner, out);
+      continue;
+    }
+    Detach(p);
     need -= TakeFromPage(p, need, owner, out);
     Attach(p);
     if (pages_[p].state == PageState::kIdle) {

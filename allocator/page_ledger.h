@@ -143,10 +143,15 @@ class PageLedger {
     return PageCount(state_pages_[static_cast<int>(s)]);
   }
   // IDLE + OPEN + FULL + in flight.
-  PageCount mapped_pages() const;
+  PageCount mapped_pages() const {
+    return pages(PageState::kIdle) + pages(PageState::kOpen) +
+           pages(PageState::kFull) + pages(PageState::kMapping);
+  }
   // Pages the memory limit counts: mapped + FREE, less pages in flight to
-  // RECLAIMED.
-  PageCount admitted_pages() const;
+  // RECLAIMED. (Inline: the pool asks for each page a Free empties.)
+  PageCount admitted_pages() const {
+    return PageCount(mapped_pages().value() + free_pages().value() - leaving_);
+  }
   PageCount pages_in_flight() const {
     return PageCount(static_cast<int64_t>(in_flight_.size()));
   }
@@ -278,6 +283,10 @@ class PageLedger {
   // Files a mapped, detached page by its counts; IDLE pages join the back.
   void Attach(PageId p);
   int64_t TakeFromPage(PageId p, int64_t n, BlockOwner owner, Stretches* out);
+  // Every block of an IDLE page, taken off the IDLE list already (most of
+  // a large Alloc): the page goes FULL with no per-word search. Returns
+  // the blocks taken.
+  int64_t TakeIdlePage(PageId p, BlockOwner owner, Stretches* out);
   void SetFreeBits(PageId p, bool on);
   void SetOwner(BlockId first, BlockId end, BlockOwner o);
   void CountTaken(BlockOwner owner, int64_t n);
