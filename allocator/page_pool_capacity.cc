@@ -504,8 +504,13 @@ absl::StatusOr<LimitResult> PagePool::SetMemoryLimit(Bytes limit_bytes,
       limit_state_ = over() ? LimitState::kDeferred : LimitState::kApplied;
       if (limit_state_ == LimitState::kApplied) AdmitReclaimedLocked();
       BumpGenerationLocked();
+      // The outcome is this call's decision, taken here. Its unmaps run
+      // without the lock, and a Free meanwhile may settle a deferred limit:
+      // the reply then says DEFERRED, with the limit in force after the
+      // call (APPLIED), as if that Free had come after this call.
+      const LimitOutcome decided = state_outcome();
       CompleteUnmapsLocked(&unmaps, &epi.log);
-      return current(state_outcome());
+      return current(decided);
     }();
     CloseLocked(&epi);
   }

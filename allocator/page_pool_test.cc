@@ -893,6 +893,43 @@ TEST(PagePoolBudgetTest, RefreshWhilePagesAreChargedButNotCreated) {
   EXPECT_TRUE((*pool)->CheckInvariants().ok());
 }
 
+// A lowered limit's outcome is its own decision. Here it is DEFERRED (two
+// pages in use against a target of one); a Free that runs while the limit
+// unmaps its IDLE page without the lock settles it, and the limit still
+// answers DEFERRED, with the limit in force after it APPLIED: as if the
+// Free came after it. (Answering APPLIED, as the state read after its
+// unmaps said, matched no order of the two calls: linearizability seed
+// 81803, docs/reliability.md.)
+TEST(PagePoolLimitTest, OutcomeIsDecidedBeforeTheUnmapsRun) {
+  GatedRig rig;
+  ASSERT_TRUE(rig.pool.ok()) << rig.pool.status();
+  PagePool& pool = **rig.pool;
+  auto two = pool.Alloc({8, "", "", {}});  // pages 0 and 1, FULL
+  ASSERT_TRUE(two.ok()) << two.status();
+  auto third = pool.Alloc({4, "", "", {}});  // page 2
+  ASSERT_TRUE(third.ok()) << third.status();
+  ASSERT_TRUE(pool.Free({AllBlockIds(*third), ""}).ok());  // page 2 IDLE
+  rig.gated.Arm(testing_support::GatedBackend::Call::kUnmap);
+  absl::StatusOr<LimitResult> limit;
+  std::thread lower([&] { limit = pool.SetMemoryLimit(MiB(2), 1); });
+  rig.gated.WaitUntilHeld();  // unmapping page 2, the lock released
+  const std::vector<BlockId> page1 = {4, 5, 6, 7};
+  auto freed = pool.Free({page1, ""});
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(freed->pages_unmapped, 1);  // over the target: page 1 leaves
+  rig.gated.Release(/*fail=*/false);
+  lower.join();
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  EXPECT_EQ(limit->outcome, LimitOutcome::kDeferred);
+  EXPECT_EQ(limit->limit.target_pages, PageCount(1));
+  EXPECT_EQ(limit->limit.state, LimitState::kApplied);
+  auto cap = pool.Capacity();
+  ASSERT_TRUE(cap.ok());
+  EXPECT_EQ(cap->allocated_blocks.value(), 4);  // page 0's
+  EXPECT_EQ(cap->available_blocks.value(), 0);
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+}
+
 // A Shutdown that is not forced, asked while an Alloc maps into an empty
 // pool, is refused with POOL_NOT_EMPTY once that Alloc is done: it counts
 // the blocks after the calls in flight, not before them (when it found

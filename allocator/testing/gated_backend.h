@@ -1,9 +1,11 @@
-// GatedBackend: a backend decorator that can hold one Create call at a gate,
-// so that a test sees a pool while that call's pages are in flight, then
-// lets the call go on, or fail. Every other call is forwarded unchanged.
+// GatedBackend: a backend decorator that can hold one Create call (a page
+// being mapped) or one Unmap call (a page being unmapped) at a gate, so
+// that a test sees a pool, or calls it, while that call's pages are in
+// flight, then lets the call go on, or fail. Every other call is forwarded
+// unchanged.
 //
-// Use: Arm(); start the call on another thread; WaitUntilHeld(); look at
-// the pool; Release(fail). Thread-safe. For tests only.
+// Use: Arm(which); start the call on another thread; WaitUntilHeld(); look
+// at the pool; Release(fail). Thread-safe. For tests only.
 
 #ifndef KVBROKER_ALLOCATOR_TESTING_GATED_BACKEND_H_
 #define KVBROKER_ALLOCATOR_TESTING_GATED_BACKEND_H_
@@ -22,8 +24,9 @@ class GatedBackend final : public Backend {
   // `target` must outlive this object.
   explicit GatedBackend(Backend* target) : target_(target) {}
 
-  // The next Create call waits at the gate.
-  void Arm() ABSL_LOCKS_EXCLUDED(mu_);
+  enum class Call { kCreate, kUnmap };
+  // The next call of that kind waits at the gate.
+  void Arm(Call which = Call::kCreate) ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until a Create call waits at the gate.
   void WaitUntilHeld() ABSL_LOCKS_EXCLUDED(mu_);
   // Lets the held call go on: forwarded, or failed with UNAVAILABLE (a
@@ -50,9 +53,8 @@ class GatedBackend final : public Backend {
   absl::Status SetAccess(int device, uint64_t address, Bytes size) override {
     return target_->SetAccess(device, address, size);
   }
-  absl::Status Unmap(int device, uint64_t address, Bytes size) override {
-    return target_->Unmap(device, address, size);
-  }
+  absl::Status Unmap(int device, uint64_t address, Bytes size) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Release(int device, PhysicalHandle handle) override {
     return target_->Release(device, handle);
   }
@@ -63,9 +65,13 @@ class GatedBackend final : public Backend {
  private:
   enum class Gate { kOpen, kArmed, kHeld, kReleased };
 
+  // Waits at the gate if it is armed for `call`; whether to fail it.
+  bool Pass(Call call) ABSL_LOCKS_EXCLUDED(mu_);
+
   Backend* const target_;
   absl::Mutex mu_;
   Gate gate_ ABSL_GUARDED_BY(mu_) = Gate::kOpen;
+  Call armed_for_ ABSL_GUARDED_BY(mu_) = Call::kCreate;
   bool fail_ ABSL_GUARDED_BY(mu_) = false;
 };
 
