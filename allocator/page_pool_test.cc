@@ -61,6 +61,28 @@ class PagePoolTest : public ::testing::Test {
     return pool.ok() ? *std::move(pool) : nullptr;
   }
 
+  // FourBlockPages(16) (4 pages, ids 0..15) with every kind of block a
+  // Free may meet: block 0 the null block, 1..5 and 7..9 allocated, 6 free
+  // again, 10 and 11 reserved, 12..15 never mapped. Null on a failure.
+  std::unique_ptr<PagePool> MixedPool(int64_t step_pages,
+                                      int64_t free_one_step_blocks) {
+    PoolConfig c = FourBlockPages(16);
+    c.reserve_null_block = true;
+    PoolOptions o;
+    o.max_idle_pages = 4;
+    o.step_pages = step_pages;
+    o.free_one_step_blocks = free_one_step_blocks;
+    auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
+    EXPECT_TRUE(made.ok()) << made.status();
+    if (!made.ok()) return nullptr;
+    std::unique_ptr<PagePool> pool = *std::move(made);
+    const bool ready = pool->Alloc({9, "", "", {}}).ok() &&  // 1..9
+                       pool->Reserve({2, absl::Seconds(5), ""}).ok() &&
+                       pool->Free({{6}, ""}).ok();
+    EXPECT_TRUE(ready);
+    return ready ? std::move(pool) : nullptr;
+  }
+
   // Pages of four 512 KiB blocks (FourBlockPages(blocks)), walked in steps
   // of one page with `between_steps` run between two steps; emptied pages
   // stay IDLE (up to max_idle).
@@ -307,19 +329,9 @@ TEST_F(PagePoolTest, FreeStepsFollowPagesSpanned) {
 TEST_F(PagePoolTest, FreeOfWholePagesRefusesABlockNotAllocated) {
   for (const int64_t step_pages : {1, 8}) {
     SCOPED_TRACE(step_pages);
-    PoolConfig c = FourBlockPages(16);  // 4 pages: ids 0..15
-    c.reserve_null_block = true;        // block 0
-    PoolOptions o;
-    o.max_idle_pages = 4;
-    o.step_pages = step_pages;
-    o.free_one_step_blocks = 0;
-    auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
-    ASSERT_TRUE(made.ok()) << made.status();
-    PagePool& pool = **made;
-    ASSERT_TRUE(pool.Alloc({9, "", "", {}}).ok());        // 1..9
-    auto held = pool.Reserve({2, absl::Seconds(5), ""});  // 10, 11
-    ASSERT_TRUE(held.ok()) << held.status();
-    ASSERT_TRUE(pool.Free({{6}, ""}).ok());
+    std::unique_ptr<PagePool> made = MixedPool(step_pages, 0);
+    ASSERT_NE(made, nullptr);
+    PagePool& pool = *made;
     const CapacitySnapshot before = *pool.Capacity();
     ASSERT_EQ(before.allocated_blocks.value(), 8);
     const std::vector<std::pair<std::vector<BlockId>, FailureReason>> cases = {
@@ -397,19 +409,9 @@ TEST_F(PagePoolTest, FreeWithRunsChecksOrderFromThemOrFromTheIds) {
 TEST_F(PagePoolTest, FreeOfRunsAloneIsJudgedAsItsIds) {
   for (const int64_t one_step : {256, 2}) {
     SCOPED_TRACE(one_step);
-    PoolConfig c = FourBlockPages(16);  // 4 pages: ids 0..15
-    c.reserve_null_block = true;        // block 0
-    PoolOptions o;
-    o.max_idle_pages = 4;
-    o.step_pages = 1;
-    o.free_one_step_blocks = one_step;
-    auto made = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
-    ASSERT_TRUE(made.ok()) << made.status();
-    PagePool& pool = **made;
-    ASSERT_TRUE(pool.Alloc({9, "", "", {}}).ok());        // 1..9
-    auto held = pool.Reserve({2, absl::Seconds(5), ""});  // 10, 11
-    ASSERT_TRUE(held.ok()) << held.status();
-    ASSERT_TRUE(pool.Free({{6}, ""}).ok());
+    std::unique_ptr<PagePool> made = MixedPool(1, one_step);
+    ASSERT_NE(made, nullptr);
+    PagePool& pool = *made;
     auto free_runs = [&](std::vector<int64_t> runs, std::string id = "") {
       FreeRequest r;
       r.block_runs = runs;
