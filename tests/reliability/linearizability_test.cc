@@ -4,7 +4,8 @@
 // grpc_test_util.h: host backend, worker off), three clients on their own
 // TCP channels starting together, each making six calls chosen at random
 // among Alloc, Alloc from its own reservation, Free (its own blocks, or
-// now and then an id it does not hold), Reserve, ReleaseReservation,
+// now and then an id it does not hold; named by ids and by runs alone in
+// turn), Reserve, ReleaseReservation,
 // SetMemoryLimit (revisions drawn from one shared counter, so they race)
 // and Capacity. Every call is stamped with a shared logical clock before
 // it is sent and after its response arrives. The history must then be
@@ -18,6 +19,7 @@
 
 #include "tests/reliability/linearizability.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -33,6 +35,7 @@
 #include "allocator/failure.h"
 #include "allocator/testing/reference_model.h"
 #include "allocator/units.h"
+#include "common/block_runs.h"
 #include "gtest/gtest.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
 #include "server/status_convert.h"
@@ -144,7 +147,22 @@ class Worker {
       } else {
         op.block_ids.push_back(static_cast<int64_t>(rng_() % g.max_blocks));
       }
-      auto r = Timed(&op, [&] { return client_->Free(pool, op.block_ids); });
+      // Every other Free of a client names its blocks by runs alone, as the
+      // attach session does: the pool then checks and returns them run by
+      // run (docs/design.md, "Acquisitions as stretches"). Same blocks,
+      // same call for the model.
+      v1::FreeRequest by_runs;
+      free_by_runs_ = !free_by_runs_;
+      if (free_by_runs_) {
+        std::vector<int64_t> sorted = op.block_ids;
+        std::sort(sorted.begin(), sorted.end());
+        by_runs.set_pool(pool);
+        AppendBlockRuns(sorted, by_runs.mutable_block_runs());
+      }
+      auto r = Timed(&op, [&] {
+        return free_by_runs_ ? client_->Free(by_runs)
+                             : client_->Free(pool, op.block_ids);
+      });
       Record(&op, r.status);
     } else if (choice < 70) {
       op.kind = OpKind::kReserve;
@@ -210,6 +228,7 @@ class Worker {
 
   const int id_;
   Client* const client_;
+  bool free_by_runs_ = false;
   std::atomic<int64_t>* const clock_;
   std::atomic<int64_t>* const revisions_;
   std::mt19937_64 rng_;
