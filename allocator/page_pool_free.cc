@@ -1,8 +1,9 @@
 // PagePool: Free, validated in steps of at most PoolOptions::step_pages
 // pages when its ids span more and returned in one (docs/design.md,
-// "Bounded lock hold"), and the waiting rule
-// that keeps two Frees of the same ids from both succeeding. Part of the
-// page_pool target; the contract is in page_pool.h.
+// "Bounded lock hold"); a Free of runs alone checked and returned run by
+// run ("Acquisitions as stretches"); and the waiting rule that keeps two
+// Frees of the same ids from both succeeding. Part of the page_pool
+// target; the contract is in page_pool.h.
 
 #include <algorithm>
 #include <functional>
