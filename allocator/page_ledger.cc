@@ -174,7 +174,13 @@ void PageLedger::SetFreeBits(PageId p, bool on) {
   page.free = on ? page.usable : 0;
 }
 
-void PageLedger::CountTaken(BlockOwner owner, int64_t n) {
+void PageLedger::CountTaken(Page* page, BlockOwner owner, int64_t n) {
+  if (owner == BlockOwner::kNull && n > 0) page->holds_null = true;
+  if (owner == BlockOwner::kReserved) {
+    page->reserved += n;
+  } else {
+    page->allocated += n;
+  }
   switch (owner) {
     case BlockOwner::kAllocated: allocated_ += n; break;
     case BlockOwner::kReserved: reserved_ += n; break;
@@ -232,13 +238,7 @@ int64_t PageLedger::TakeFromPage(PageId p, int64_t n, BlockOwner owner,
     free_bits_[word] &= ~took;
   }
   page.free -= taken;
-  if (owner == BlockOwner::kNull && taken > 0) page.holds_null = true;
-  if (owner == BlockOwner::kReserved) {
-    page.reserved += taken;
-  } else {
-    page.allocated += taken;
-  }
-  CountTaken(owner, taken);
+  CountTaken(&page, owner, taken);
   return taken;
 }
 
@@ -247,18 +247,9 @@ int64_t PageLedger::TakeIdlePage(PageId p, BlockOwner owner, Stretches* out) {
   ABSL_ASSERT(page.state == PageState::kIdle && page.free == page.usable);
   idle_usable_ -= page.usable;
   SetOwner(page.begin, page.end, owner);
-  for (int64_t word = page.begin >> 6; (word << 6) < page.end; ++word) {
-    free_bits_[word] &= ~WordMask(word, page.begin, page.end);
-  }
+  SetFreeBits(p, false);
   out->Append(page.begin, page.usable);
-  page.free = 0;
-  if (owner == BlockOwner::kNull) page.holds_null = true;
-  if (owner == BlockOwner::kReserved) {
-    page.reserved = page.usable;
-  } else {
-    page.allocated = page.usable;
-  }
-  CountTaken(owner, page.usable);
+  CountTaken(&page, owner, page.usable);
   ChangeState(p, PageState::kFull);
   return page.usable;
 }

@@ -289,7 +289,8 @@ class PageLedger {
   int64_t TakeIdlePage(PageId p, BlockOwner owner, Stretches* out);
   void SetFreeBits(PageId p, bool on);
   void SetOwner(BlockId first, BlockId end, BlockOwner o);
-  void CountTaken(BlockOwner owner, int64_t n);
+  // `n` blocks of `page` went to `owner`: its counts and the ledger's.
+  void CountTaken(Page* page, BlockOwner owner, int64_t n);
 
   const Geometry* const geometry_;
   std::vector<Page> pages_;

@@ -187,16 +187,20 @@ absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
   if (!unwound) m.unwound = false;
   stranded_pages_ += stranded;
   ledger_.AbortMap(fresh);
-  std::vector<BlockId> mapped_blocks = acq->blocks.Ids();
-  mapped_blocks.erase(mapped_blocks.begin(),
-                      mapped_blocks.begin() + acq->from_reservation.size());
-  std::sort(mapped_blocks.begin(), mapped_blocks.end());
-  for (PageId p : ledger_.UntakeMapped(mapped_blocks, acq->from_idle)) {
+  for (PageId p :
+       ledger_.UntakeMapped(acq->FromPagesAscending(), acq->from_idle)) {
     FileEmptiedLocked(p, unmaps);  // emptied by other calls meanwhile
   }
   GiveBackToReservationLocked(acq, unmaps);
   acq->blocks.clear();
   return MappingErrorLocked(m, requested, log, Counted::kYes);
+}
+
+std::vector<BlockId> PagePool::Acquisition::FromPagesAscending() const {
+  std::vector<BlockId> ids = blocks.Ids();
+  ids.erase(ids.begin(), ids.begin() + from_reservation.size());
+  std::sort(ids.begin(), ids.end());
+  return ids;
 }
 
 void PagePool::GiveBackToReservationLocked(Acquisition* acq,

@@ -48,11 +48,7 @@ absl::Status PagePool::ZeroForHolderLocked(const std::string& holder,
   // its blocks back, the others go back to the pool, and those that kept
   // old data are zeroed for whoever gets them next.
   tags_.Taint(to_zero);
-  std::vector<BlockId> from_pool = acq->blocks.Ids();
-  from_pool.erase(from_pool.begin(),
-                  from_pool.begin() + acq->from_reservation.size());
-  std::sort(from_pool.begin(), from_pool.end());
-  ReturnBlocksLocked(from_pool, unmaps);
+  ReturnBlocksLocked(acq->FromPagesAscending(), unmaps);
   GiveBackToReservationLocked(acq, unmaps);
   acq->blocks.clear();
   if (zeroed.code() == absl::StatusCode::kInternal) {

@@ -16,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "allocator/page_pool.h"
-#include "common/consecutive_ids.h"
 #include "common/error_keys.h"
 
 namespace kvbroker {
@@ -43,20 +42,6 @@ bool RunsAscending(absl::Span<const int64_t> runs, uint64_t* total) {
     next = first + count;
   }
   return true;
-}
-
-// The ids that (first, count) pairs name, in order. REQUIRES: the pairs
-// are valid (FreeRequest::block_runs).
-std::vector<BlockId> IdsOfRuns(absl::Span<const int64_t> runs) {
-  size_t n = 0;
-  for (size_t i = 1; i < runs.size(); i += 2) n += static_cast<size_t>(runs[i]);
-  std::vector<BlockId> ids(n);
-  BlockId* at = ids.data();
-  for (size_t i = 0; i + 1 < runs.size(); i += 2) {
-    WriteConsecutive(at, runs[i], runs[i + 1]);
-    at += runs[i + 1];
-  }
-  return ids;
 }
 
 // The ids themselves would make the fingerprint (and every remembered

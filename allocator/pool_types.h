@@ -124,20 +124,23 @@ inline std::vector<BlockId> AllBlockIds(const std::vector<PageBlocks>& pages) {
   }
   return out;
 }
+// The ids that (first, count) pairs name, in order. REQUIRES: every count
+// >= 1 and no run past the largest int64 (FreeRequest::block_runs).
+inline std::vector<BlockId> IdsOfRuns(absl::Span<const int64_t> runs) {
+  size_t n = 0;
+  for (size_t i = 1; i < runs.size(); i += 2) n += static_cast<size_t>(runs[i]);
+  std::vector<BlockId> out(n);
+  BlockId* at = out.data();
+  for (size_t i = 0; i + 1 < runs.size(); i += 2) {
+    WriteConsecutive(at, runs[i], runs[i + 1]);
+    at += runs[i + 1];
+  }
+  return out;
+}
 // Every block id of an Alloc's result, ascending, in either form.
 inline std::vector<BlockId> AllBlockIds(const AllocResult& r) {
   if (!r.pages.empty() || r.block_runs.empty()) return AllBlockIds(r.pages);
-  size_t n = 0;
-  for (size_t i = 1; i < r.block_runs.size(); i += 2) {
-    n += static_cast<size_t>(r.block_runs[i]);
-  }
-  std::vector<BlockId> out(n);
-  BlockId* at = out.data();
-  for (size_t i = 0; i + 1 < r.block_runs.size(); i += 2) {
-    WriteConsecutive(at, r.block_runs[i], r.block_runs[i + 1]);
-    at += r.block_runs[i + 1];
-  }
-  return out;
+  return IdsOfRuns(r.block_runs);
 }
 
 struct FreeRequest {

@@ -588,7 +588,7 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
                                : absl::Span<const int64_t>();
   auto ids = [&]() -> absl::Span<const int64_t> {
     if (runs.empty()) return named->block_ids;
-    if (expanded_ids_.empty()) {
+    if (expanded_ids_.empty()) {  // FromProto checked the runs already
       (void)ExpandBlockRuns(runs, kMaxSessionBlocks, &expanded_ids_);
     }
     return expanded_ids_;
