@@ -9,6 +9,10 @@ as fast as memory PyTorch allocated itself? In one run, on one GPU:
     torch.empty of the same shape and against torch.empty_strided with the
     view's own strides (the same copy kernel on PyTorch's own memory, which
     tells the attached memory apart from the cost of a strided copy);
+  - the same layer view as int64 (the widest element PyTorch's strided copy
+    moves a thread at a time), and written by the driver's own 2-D copy
+    (cuMemcpy2DAsync, rows of block_bytes at the view's pitch): what a
+    strided destination allows at best, whoever copies;
   - the same for a contiguous range of whole blocks.
 
 Rounds alternate the two destinations; the table reports the median GB/s
@@ -21,6 +25,7 @@ Rounds alternate the two destinations; the table reports the median GB/s
 Prints "SKIPPED: why" and exits 0 without torch or a CUDA device.
 """
 
+import ctypes
 import os
 import shlex
 import shutil
@@ -35,6 +40,52 @@ BLOCKS = int(os.environ.get("KVB_BENCH_BLOCKS", "256"))  # 32 GiB at 128 MiB
 CONTIGUOUS_BLOCKS = 8  # 1 GiB
 ROUNDS = 7
 COPIES = 10
+CU_MEMORYTYPE_DEVICE = 2
+
+
+class _Memcpy2D(ctypes.Structure):
+    """CUDA_MEMCPY2D of the driver API (cuda.h)."""
+    _fields_ = [
+        ("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t),
+        ("srcMemoryType", ctypes.c_int), ("srcHost", ctypes.c_void_p),
+        ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+        ("srcPitch", ctypes.c_size_t),
+        ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t),
+        ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p),
+        ("dstDevice", ctypes.c_uint64), ("dstArray", ctypes.c_void_p),
+        ("dstPitch", ctypes.c_size_t),
+        ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t),
+    ]
+
+
+class Copy2D:
+    """A tensor-like destination whose copy_ is the driver's 2-D copy of a
+    contiguous source into `view`'s rows (one row per block)."""
+
+    def __init__(self, torch, view):
+        self._torch = torch
+        self.view = view
+        self.shape, self.dtype = view.shape, view.dtype
+        self._copy = ctypes.CDLL("libcuda.so.1").cuMemcpy2DAsync_v2
+        self._copy.argtypes = [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p]
+
+    def numel(self):
+        return self.view.numel()
+
+    def element_size(self):
+        return self.view.element_size()
+
+    def copy_(self, src):
+        m = _Memcpy2D()
+        m.srcMemoryType = m.dstMemoryType = CU_MEMORYTYPE_DEVICE
+        m.srcDevice, m.dstDevice = src.data_ptr(), self.view.data_ptr()
+        m.WidthInBytes = m.srcPitch = src.stride(0) * src.element_size()
+        m.dstPitch = self.view.stride(0) * self.view.element_size()
+        m.Height = self.view.shape[0]
+        stream = self._torch.cuda.current_stream().cuda_stream
+        rc = self._copy(ctypes.byref(m), ctypes.c_void_p(stream))
+        if rc != 0:
+            raise SystemExit("cuMemcpy2DAsync failed: CUresult %d" % rc)
 
 
 def main():
@@ -95,18 +146,24 @@ def main():
             contiguous = torch.as_tensor(whole, device="cuda")
             half = torch.as_tensor(
                 s.kv_view(layer=0, buffer=0, dtype="float16"), device="cuda")
+            wide = torch.as_tensor(
+                s.kv_view(layer=0, buffer=0, dtype="int64"), device="cuda")
             # (name, attached destination, baseline strides or None for a
             # contiguous torch.empty)
             rows = [("layer view u8 (strided)", layer, None),
                     ("layer view f16 (strided)", half, None),
                     ("layer view f16 / same strides", half, half.stride()),
+                    ("layer view i64 (strided)", wide, None),
+                    ("layer view, driver 2-D copy", Copy2D(torch, layer),
+                     None),
                     ("whole blocks (contiguous)", contiguous, None)]
             print("%-28s %10s %12s %12s %8s" %
                   ("destination", "MiB", "attached GB/s", "empty GB/s",
                    "ratio"))
             for name, view, strides in rows:
-                if view.dtype == torch.uint8:
-                    src = torch.randint(0, 256, view.shape, dtype=torch.uint8,
+                if not view.dtype.is_floating_point:
+                    src = torch.randint(0, torch.iinfo(view.dtype).max,
+                                        view.shape, dtype=view.dtype,
                                         device="cuda")
                 else:
                     src = torch.rand(view.shape, device="cuda").to(view.dtype)
@@ -119,7 +176,8 @@ def main():
                                                 device="cuda")
                 view.copy_(src)
                 torch.cuda.synchronize()
-                if not torch.equal(view, src):
+                landed = view.view if isinstance(view, Copy2D) else view
+                if not torch.equal(landed, src):
                     raise SystemExit("%s: the copy did not land" % name)
                 attached, own = [], []
                 for _ in range(ROUNDS):
@@ -142,7 +200,7 @@ def main():
                        a / e))
                 del src, empty
             print("target: layer view >= 0.95x torch.empty")
-            del layer, half, contiguous
+            del rows, layer, half, wide, contiguous
             torch.cuda.synchronize()
             s.free(blocks)
     finally:
