@@ -11,13 +11,19 @@ as fast as memory PyTorch allocated itself? In one run, on one GPU:
     tells the attached memory apart from the cost of a strided copy);
   - the same layer view as int64 (the widest element PyTorch's strided copy
     moves a thread at a time), and written by the driver's own 2-D copy
-    (cuMemcpy2DAsync, rows of block_bytes at the view's pitch): what a
-    strided destination allows at best, whoever copies;
+    (cuMemcpy2DAsync, rows of block_bytes at the view's pitch);
+  - the layer view as uint8 and as float16 written by
+    kvbroker.engine.copy_into (a torch.compile'd copy of rows of 8-byte
+    words), against the same call into a torch.empty (a contiguous
+    destination, which copy_into leaves to PyTorch's own copy);
   - the same for a contiguous range of whole blocks.
 
 Rounds alternate the two destinations; the table reports the median GB/s
-(bytes copied per second, cuda events) and the ratio. Target: the layer view
->= 0.95 x torch.empty.
+(bytes copied per second, cuda events) and the ratio. Target: a torch copy
+into the layer view >= 0.95 x the same into torch.empty.
+
+KVB_BENCH_BLOCK_BYTES sets the block (default 2 MiB: rows of 2 MiB, 128 MiB
+apart); the pool is 32 GiB whatever it is (KVB_BENCH_BLOCKS overrides).
 
     KVBROKERD=... KVBROKER_ENGINE_LIBRARY=... PYTHONPATH=py \\
         python3 bench/engine_bandwidth_bench.py
@@ -36,8 +42,10 @@ import tempfile
 
 PAGE = 2 << 20
 LAYERS = 32
-BLOCKS = int(os.environ.get("KVB_BENCH_BLOCKS", "256"))  # 32 GiB at 128 MiB
-CONTIGUOUS_BLOCKS = 8  # 1 GiB
+BLOCK_BYTES = int(os.environ.get("KVB_BENCH_BLOCK_BYTES", str(2 << 20)))
+BLOCKS = int(os.environ.get("KVB_BENCH_BLOCKS",
+                            str((32 << 30) // (BLOCK_BYTES * LAYERS * 2))))
+CONTIGUOUS_BYTES = 1 << 30
 ROUNDS = 7
 COPIES = 10
 CU_MEMORYTYPE_DEVICE = 2
@@ -58,16 +66,32 @@ class _Memcpy2D(ctypes.Structure):
     ]
 
 
-class Copy2D:
-    """A tensor-like destination whose copy_ is the driver's 2-D copy of a
-    contiguous source into `view`'s rows (one row per block)."""
+def driver_copy_2d(torch):
+    """copy(dst, src): the driver's 2-D copy of contiguous `src` into the
+    rows of `dst` (one row per block), on torch's current stream."""
+    copy = ctypes.CDLL("libcuda.so.1").cuMemcpy2DAsync_v2
+    copy.argtypes = [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p]
 
-    def __init__(self, torch, view):
-        self._torch = torch
-        self.view = view
+    def run(dst, src):
+        m = _Memcpy2D()
+        m.srcMemoryType = m.dstMemoryType = CU_MEMORYTYPE_DEVICE
+        m.srcDevice, m.dstDevice = src.data_ptr(), dst.data_ptr()
+        m.WidthInBytes = m.srcPitch = src.stride(0) * src.element_size()
+        m.dstPitch = dst.stride(0) * dst.element_size()
+        m.Height = dst.shape[0]
+        stream = torch.cuda.current_stream().cuda_stream
+        rc = copy(ctypes.byref(m), ctypes.c_void_p(stream))
+        if rc != 0:
+            raise SystemExit("cuMemcpy2DAsync failed: CUresult %d" % rc)
+    return run
+
+
+class CopiedBy:
+    """A destination tensor whose copy_(src) is copy(view, src)."""
+
+    def __init__(self, view, copy):
+        self.view, self._copy = view, copy
         self.shape, self.dtype = view.shape, view.dtype
-        self._copy = ctypes.CDLL("libcuda.so.1").cuMemcpy2DAsync_v2
-        self._copy.argtypes = [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p]
 
     def numel(self):
         return self.view.numel()
@@ -76,16 +100,7 @@ class Copy2D:
         return self.view.element_size()
 
     def copy_(self, src):
-        m = _Memcpy2D()
-        m.srcMemoryType = m.dstMemoryType = CU_MEMORYTYPE_DEVICE
-        m.srcDevice, m.dstDevice = src.data_ptr(), self.view.data_ptr()
-        m.WidthInBytes = m.srcPitch = src.stride(0) * src.element_size()
-        m.dstPitch = self.view.stride(0) * self.view.element_size()
-        m.Height = self.view.shape[0]
-        stream = self._torch.cuda.current_stream().cuda_stream
-        rc = self._copy(ctypes.byref(m), ctypes.c_void_p(stream))
-        if rc != 0:
-            raise SystemExit("cuMemcpy2DAsync failed: CUresult %d" % rc)
+        self._copy(self.view, src)
 
 
 def main():
@@ -104,7 +119,7 @@ def main():
     with open(pools, "w") as f:
         f.write('pools { name: "bw" page_size: %d block_bytes: %d '
                 'num_layers: %d num_kv_buffers: 2 max_blocks: %d }\n' %
-                (PAGE, PAGE, LAYERS, BLOCKS))
+                (PAGE, BLOCK_BYTES, LAYERS, BLOCKS))
     sock = os.path.join(d, "attach.sock")
     daemon = subprocess.Popen(
         shlex.split(os.environ["KVBROKERD"]) + [
@@ -123,10 +138,11 @@ def main():
         with engine.Session(sock, holder="bandwidth-bench") as s:
             s.attach("bw")
             blocks = s.alloc(BLOCKS)
-            if s.mapped_pages != BLOCKS:
+            pages = -(-BLOCKS * BLOCK_BYTES // PAGE)
+            if s.mapped_pages != pages:
                 raise SystemExit(
                     "the engine mapped %d pages of %d: the daemon does not "
-                    "send its pages (PagesMapped)" % (s.mapped_pages, BLOCKS))
+                    "send its pages (PagesMapped)" % (s.mapped_pages, pages))
             lay = s.layout
             layer = torch.as_tensor(s.kv_view(layer=0, buffer=0),
                                     device="cuda")
@@ -138,7 +154,7 @@ def main():
 
             whole = Range()
             whole.__cuda_array_interface__ = {
-                "shape": (CONTIGUOUS_BLOCKS * lay.block_stride_bytes,),
+                "shape": (CONTIGUOUS_BYTES,),
                 "typestr": "|u1",
                 "data": (s.block_address(min(blocks)), False),
                 "version": 3,
@@ -154,8 +170,12 @@ def main():
                     ("layer view f16 (strided)", half, None),
                     ("layer view f16 / same strides", half, half.stride()),
                     ("layer view i64 (strided)", wide, None),
-                    ("layer view, driver 2-D copy", Copy2D(torch, layer),
-                     None),
+                    ("layer view, driver 2-D copy",
+                     CopiedBy(layer, driver_copy_2d(torch)), None),
+                    ("layer view u8, copy_into",
+                     CopiedBy(layer, engine.copy_into), None),
+                    ("layer view f16, copy_into",
+                     CopiedBy(half, engine.copy_into), None),
                     ("whole blocks (contiguous)", contiguous, None)]
             print("%-28s %10s %12s %12s %8s" %
                   ("destination", "MiB", "attached GB/s", "empty GB/s",
@@ -176,7 +196,7 @@ def main():
                                                 device="cuda")
                 view.copy_(src)
                 torch.cuda.synchronize()
-                landed = view.view if isinstance(view, Copy2D) else view
+                landed = view.view if isinstance(view, CopiedBy) else view
                 if not torch.equal(landed, src):
                     raise SystemExit("%s: the copy did not land" % name)
                 attached, own = [], []
@@ -199,7 +219,7 @@ def main():
                       (name, (view.numel() * view.element_size()) >> 20, a, e,
                        a / e))
                 del src, empty
-            print("target: layer view >= 0.95x torch.empty")
+            print("target: layer view >= 0.95x torch.empty (copy_into rows)")
             del rows, layer, half, wide, contiguous
             torch.cuda.synchronize()
             s.free(blocks)

@@ -105,6 +105,42 @@ def test_attach_layout_and_views(daemon):
         assert e.value.reason_name == "INVALID_ARGUMENT"
 
 
+def test_copy_into_sees_a_layer_view_as_rows_of_words(daemon):
+    """copy_into's choice (its torch part runs on CUDA, tools/gpu-run): a
+    layer view, or a slice of one, is rows of 8-byte words; a tensor it
+    could not copy word by word faithfully is left to PyTorch's copy."""
+    rows = engine._word_rows
+    with engine.Session(daemon, holder="py-words", token=TOKEN) as s:
+        s.attach("kv")
+        for dtype, shape in (("uint8", None), ("float16", (16, 8, 1024))):
+            arr = numpy.asarray(s.kv_view(layer=1, buffer=0, dtype=dtype,
+                                          block_shape=shape))
+            strides = tuple(x // arr.itemsize for x in arr.strides)
+            # 64 blocks of 256 KiB, 1 MiB apart: 32 Ki words a row.
+            assert rows(arr.shape, strides, arr.itemsize,
+                        arr.ctypes.data) == (64, 32 << 10, 128 << 10)
+            part = arr[3:9]
+            assert rows(part.shape, strides, arr.itemsize,
+                        part.ctypes.data) == (6, 32 << 10, 128 << 10)
+    # A contiguous source of the same shape: rows one after another.
+    assert rows((6, 16, 8, 1024), (131072, 8192, 1024, 1), 2, 4096) == (
+        6, 32 << 10, 32 << 10)
+    # Dimensions of one element may have any stride.
+    assert rows((4, 1, 64), (64, 999, 1), 2, 0) == (4, 16, 16)
+    # One row: its stride is never taken.
+    assert rows((1, 64), (0, 1), 2, 8) == (1, 16, 0)
+    # Not rows of whole aligned words: PyTorch's copy.
+    assert rows((64,), (1,), 8, 0) is None  # one dimension
+    assert rows((4, 12), (12, 1), 1, 0) is None  # 12-byte rows
+    assert rows((4, 64), (65, 1), 2, 0) is None  # rows 130 bytes apart
+    assert rows((4, 64), (64, 1), 2, 4) is None  # misaligned start
+    assert rows((4, 8, 8), (64, 1, 8), 2, 0) is None  # a transposed block
+    assert rows((4, 64), (0, 1), 2, 0) is None  # one row seen 4 times
+    assert rows((4, 64), (32, 1), 2, 0) is None  # overlapping rows
+    assert rows((4, 64), (-64, 1), 2, 4096) is None  # rows backwards
+    assert rows((0, 64), (64, 1), 2, 0) is None  # nothing to copy
+
+
 def test_alloc_free_capacity_are_exact_and_typed(daemon):
     with engine.Session(daemon, holder="py-a", token=TOKEN) as a, \
             engine.Session(daemon, holder="py-b", token=TOKEN) as b:

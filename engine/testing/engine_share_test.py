@@ -161,6 +161,9 @@ def run_share_scenario():
         assert len(set(blocks)) == WRITTEN_BLOCKS
         pages = {b // (PAGE_BYTES // BLOCK_BYTES) for b in blocks}
         assert writer.report["mapped_pages"] >= len(pages), writer.report
+        if BACKEND == "cuda":
+            # Written with kvbroker.engine.copy_into's compiled copy.
+            assert writer.report["compiled_copy"], writer.report
 
         reader = Engine(daemon, "read", "reader",
                         ",".join(str(b) for b in blocks))

@@ -4,7 +4,9 @@ through per-layer views, with torch on CUDA or numpy on the host backend.
 
     engine_share_worker.py write SOCKET HOLDER POOL NUM_BLOCKS
         allocates NUM_BLOCKS blocks and writes pattern(block, layer, buffer)
-        into each; prints {"blocks": [...], "mapped_pages": N}
+        into each (on CUDA each run of consecutive blocks at once, with
+        kvbroker.engine.copy_into); prints {"blocks": [...],
+        "mapped_pages": N}
     engine_share_worker.py read SOCKET HOLDER POOL BLOCK,BLOCK,...
         allocates nothing; compares each named block's bytes with the
         pattern through its own mapping; prints {"checked_bytes": N,
@@ -40,6 +42,17 @@ def pattern(block_bytes, offset):
     return ((i + offset) % 251).astype(numpy.uint8)
 
 
+def runs(blocks):
+    """[(first, end)] of the runs of consecutive ids in `blocks`."""
+    out = []
+    for b in sorted(blocks):
+        if out and out[-1][1] == b:
+            out[-1][1] = b + 1
+        else:
+            out.append([b, b + 1])
+    return out
+
+
 def layer_views(session):
     """{(layer, buffer): tensor or array of shape (max_blocks, block_bytes)}
     over the session's mapping, without a copy."""
@@ -72,12 +85,22 @@ def main(argv):
         # the views are made once the pages under the blocks are mapped.
         views = layer_views(session)
         for (layer, buffer), view in views.items():
-            for b in blocks:
-                view[b] = pattern(lay.block_bytes,
-                                  pattern_offset(b, layer, buffer))
+            if BACKEND == "cuda":
+                for first, end in runs(blocks):
+                    engine.copy_into(view[first:end], torch.stack([
+                        pattern(lay.block_bytes,
+                                pattern_offset(b, layer, buffer))
+                        for b in range(first, end)]))
+            else:
+                for b in blocks:
+                    view[b] = pattern(lay.block_bytes,
+                                      pattern_offset(b, layer, buffer))
         if BACKEND == "cuda":
             torch.cuda.synchronize()
         out = {"blocks": blocks, "mapped_pages": session.mapped_pages}
+        if BACKEND == "cuda":
+            # Whether copy_into took its compiled path (False: it failed).
+            out["compiled_copy"] = engine._compiled_copy not in (None, False)
     elif role == "read":
         blocks = [int(b) for b in arg.split(",")]
         need = len({b // per_page for b in blocks})

@@ -28,12 +28,19 @@ daemon's typed reason (reason_name: "POOL_EXHAUSTED", "UNAUTHENTICATED",
 Threading: as the C ABI (calls are serialised per session; revocations are
 handled inside calls and in process_events(), which an event loop calls when
 fileno() is readable).
+
+copy_into(dst, src) copies a torch tensor into a layer view at the bandwidth
+of a contiguous copy, where dst.copy_(src) gets about half of it (the view is
+strided by the layout; engine/README.md, "Copying into a layer view").
 """
 
 import ctypes
 import os
+import threading
+import warnings
 
-__all__ = ["EngineError", "Layout", "Session", "KvView", "load_library"]
+__all__ = ["EngineError", "Layout", "Session", "KvView", "copy_into",
+           "load_library"]
 
 _ABI_VERSION = 3
 _LIBRARY_NAME = "libkvbroker_engine.so"
@@ -226,6 +233,94 @@ class KvView:
             self.__cuda_array_interface__ = interface
         else:
             self.__array_interface__ = interface
+
+
+_WORD_BYTES = 8
+
+
+def _word_rows(shape, strides, itemsize, address):
+    """(rows, words per row, row stride in words) of a tensor of `shape`
+    and element `strides` whose first dimension steps over rows that are
+    each contiguous, a whole number of 8-byte words, 8-byte aligned and
+    apart from one another; None for any other tensor."""
+    if len(shape) < 2 or address % _WORD_BYTES or shape[0] < 1:
+        return None
+    row_elements = 1
+    for size, stride in zip(reversed(shape[1:]), reversed(strides[1:])):
+        if size != 1 and stride != row_elements:
+            return None
+        row_elements *= size
+    row_bytes = row_elements * itemsize
+    row_stride = strides[0] * itemsize
+    if (row_bytes == 0 or row_bytes % _WORD_BYTES or
+            row_stride % _WORD_BYTES or
+            (shape[0] > 1 and row_stride < row_bytes)):
+        return None
+    return shape[0], row_bytes // _WORD_BYTES, row_stride // _WORD_BYTES
+
+
+# torch.compile of _copy_words, made at the first copy_into that needs it;
+# False once torch.compile failed in this process.
+_compiled_copy = None
+_compiled_copy_lock = threading.Lock()
+
+
+def _copy_words(dst, src):
+    dst.copy_(src)
+
+
+def _as_word_rows(torch, t):
+    rows = _word_rows(tuple(t.shape), tuple(t.stride()), t.element_size(),
+                      t.data_ptr())
+    if rows is None:
+        return None
+    n, words, stride = rows
+    try:
+        return t.as_strided((n, words * _WORD_BYTES // t.element_size()),
+                            (t.stride(0), 1)).view(torch.int64)
+    except RuntimeError:  # a storage offset torch will not reinterpret
+        return None
+
+
+def copy_into(dst, src):
+    """dst.copy_(src) for CUDA tensors, at the bandwidth of a contiguous
+    copy where dst is a layer view (or any stack of contiguous rows); returns
+    dst.
+
+    PyTorch copies into a strided destination element by element: about
+    half a contiguous copy's bandwidth for float16 rows, 0.84 x even as
+    int64. A copy torch.compile generates for rows of 8-byte words with
+    dynamic shapes reaches 0.95-1.0 x for blocks of 16 KiB to 2 MiB
+    (bench/RESULTS.md, "A torch copy at full bandwidth"). So where dst and
+    src have the same dtype and shape on one CUDA device and each is such a
+    stack of rows (src usually contiguous), they are copied as words by
+    that one compiled copy: compiled on the first call in a process (tens
+    of seconds), reused for every shape after. Anything else is
+    dst.copy_(src), as is every copy in a process where torch.compile
+    failed (warned once).
+    """
+    global _compiled_copy
+    import torch
+    if (dst.device.type != "cuda" or src.device != dst.device or
+            src.dtype != dst.dtype or src.shape != dst.shape or
+            (dst.is_contiguous() and src.is_contiguous()) or
+            _compiled_copy is False):
+        return dst.copy_(src)
+    d, s = _as_word_rows(torch, dst), _as_word_rows(torch, src)
+    if d is None or s is None:
+        return dst.copy_(src)
+    with _compiled_copy_lock:
+        if _compiled_copy is None:
+            _compiled_copy = torch.compile(_copy_words, dynamic=True)
+        copy = _compiled_copy
+    try:
+        copy(d, s)
+    except Exception as e:  # no Triton, no compiler, ...: PyTorch's copy
+        warnings.warn("kvbroker.engine.copy_into: torch.compile failed (%s); "
+                      "copying with dst.copy_(src) from now on" % (e,))
+        _compiled_copy = False
+        return dst.copy_(src)
+    return dst
 
 
 class Session:
