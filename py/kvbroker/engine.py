@@ -290,7 +290,8 @@ def copy_into(dst, src):
     PyTorch copies into a strided destination element by element: about
     half a contiguous copy's bandwidth for float16 rows, 0.84 x even as
     int64. A copy torch.compile generates for rows of 8-byte words with
-    dynamic shapes reaches 0.95-1.0 x for blocks of 16 KiB to 2 MiB
+    dynamic shapes reaches 0.98-1.02 x for blocks of 16 KiB to 2 MiB on an
+    H100
     (bench/RESULTS.md, "A torch copy at full bandwidth"). So where dst and
     src have the same dtype and shape on one CUDA device and each is such a
     stack of rows (src usually contiguous), they are copied as words by
