@@ -99,8 +99,8 @@ def main(argv):
             torch.cuda.synchronize()
         out = {"blocks": blocks, "mapped_pages": session.mapped_pages}
         if BACKEND == "cuda":
-            # Whether copy_into took its compiled path (False: it failed).
-            out["compiled_copy"] = engine._compiled_copy not in (None, False)
+            # How many of the copies took copy_into's compiled path.
+            out["compiled_copies"] = engine._compiled_copies
     elif role == "read":
         blocks = [int(b) for b in arg.split(",")]
         need = len({b // per_page for b in blocks})

@@ -263,6 +263,8 @@ def _word_rows(shape, strides, itemsize, address):
 # False once torch.compile failed in this process.
 _compiled_copy = None
 _compiled_copy_lock = threading.Lock()
+# How many copy_into calls the compiled copy served (tests read it).
+_compiled_copies = 0
 
 
 def _copy_words(dst, src):
@@ -291,20 +293,21 @@ def copy_into(dst, src):
     half a contiguous copy's bandwidth for float16 rows, 0.84 x even as
     int64. A copy torch.compile generates for rows of 8-byte words with
     dynamic shapes reaches 0.98-1.02 x for blocks of 16 KiB to 2 MiB on an
-    H100
-    (bench/RESULTS.md, "A torch copy at full bandwidth"). So where dst and
-    src have the same dtype and shape on one CUDA device and each is such a
-    stack of rows (src usually contiguous), they are copied as words by
-    that one compiled copy: compiled on the first call in a process (tens
-    of seconds), reused for every shape after. Anything else is
-    dst.copy_(src), as is every copy in a process where torch.compile
-    failed (warned once).
+    H100 (bench/RESULTS.md, "A torch copy at full bandwidth"). So where dst
+    and src have the same dtype and shape on one CUDA device and each is
+    such a stack of rows (src usually contiguous), they are copied as words
+    by that one compiled copy: compiled on the first call in a process (tens
+    of seconds), reused for every shape after. Anything else (a copy
+    autograd records among them) is dst.copy_(src), as is every copy in a
+    process where torch.compile failed (warned once).
     """
-    global _compiled_copy
+    global _compiled_copy, _compiled_copies
     import torch
     if (dst.device.type != "cuda" or src.device != dst.device or
             src.dtype != dst.dtype or src.shape != dst.shape or
             (dst.is_contiguous() and src.is_contiguous()) or
+            (torch.is_grad_enabled() and
+             (src.requires_grad or dst.requires_grad)) or
             _compiled_copy is False):
         return dst.copy_(src)
     d, s = _as_word_rows(torch, dst), _as_word_rows(torch, src)
@@ -314,6 +317,8 @@ def copy_into(dst, src):
         if _compiled_copy is None:
             _compiled_copy = torch.compile(_copy_words, dynamic=True)
         copy = _compiled_copy
+    if copy is False:
+        return dst.copy_(src)
     try:
         copy(d, s)
     except Exception as e:  # no Triton, no compiler, ...: PyTorch's copy
@@ -321,6 +326,7 @@ def copy_into(dst, src):
                       "copying with dst.copy_(src) from now on" % (e,))
         _compiled_copy = False
         return dst.copy_(src)
+    _compiled_copies += 1
     return dst
 
 
