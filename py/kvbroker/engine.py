@@ -276,7 +276,7 @@ def _as_word_rows(torch, t):
                       t.data_ptr())
     if rows is None:
         return None
-    n, words, stride = rows
+    n, words, _ = rows
     try:
         return t.as_strided((n, words * _WORD_BYTES // t.element_size()),
                             (t.stride(0), 1)).view(torch.int64)
