@@ -7,6 +7,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import numpy
@@ -139,6 +140,150 @@ def test_copy_into_sees_a_layer_view_as_rows_of_words(daemon):
     assert rows((4, 64), (32, 1), 2, 0) is None  # overlapping rows
     assert rows((4, 64), (-64, 1), 2, 4096) is None  # rows backwards
     assert rows((0, 64), (64, 1), 2, 0) is None  # nothing to copy
+
+
+def test_copy_into_leaves_overlapping_tensors_to_pytorch():
+    """Two tensors whose spans meet (first byte to last: a layer view and
+    another layer's view over the same blocks interleave) are not copied
+    by the compiled copy, which assumes they do not alias."""
+    overlap = engine._rows_overlap
+    layer0 = (64, 32 << 10, 128 << 10)  # rows of 256 KiB, 1 MiB apart
+    base = 1 << 30
+    # Layer 1 of the same blocks: inside layer 0's span.
+    assert overlap(layer0, base, layer0, base + (512 << 10))
+    assert overlap(layer0, base + (512 << 10), layer0, base)
+    # A source just past the span's last byte, or just before its first.
+    end = base + 63 * (1 << 20) + (256 << 10)
+    contiguous = (64, 32 << 10, 32 << 10)
+    assert not overlap(layer0, base, contiguous, end)
+    assert overlap(layer0, base, contiguous, end - 8)
+    assert not overlap(layer0, base, contiguous, base - (16 << 20))
+    assert overlap(layer0, base, contiguous, base - (16 << 20) + 8)
+    # One row.
+    assert not overlap((1, 4, 0), 0, (1, 4, 0), 32)
+    assert overlap((1, 4, 0), 0, (1, 4, 0), 24)
+
+
+class _StandInTorch:
+    """Just enough of torch's surface for copy_into's choices, on machines
+    without PyTorch (copy_into_test.py runs the real one on a GPU): tensors
+    record which copy wrote them."""
+
+    int64 = "int64"
+
+    def __init__(self, compile_fails=False):
+        self.grad = False
+        self.compile_fails = compile_fails
+        self.compiled = []
+
+    def is_grad_enabled(self):
+        return self.grad
+
+    def compile(self, fn, dynamic):
+        assert dynamic is True
+        self.compiled.append(fn)
+
+        def run(dst, src):
+            if self.compile_fails:
+                raise RuntimeError("no Triton here")
+            dst.base.written_by = "compiled"
+        return run
+
+
+class _StandInDevice:
+    def __init__(self, kind):
+        self.type = kind
+
+
+class _StandInTensor:
+    CUDA, CPU = _StandInDevice("cuda"), _StandInDevice("cpu")
+
+    def __init__(self, shape, strides, address, itemsize=2, cuda=True):
+        self.shape, self._strides, self._address = shape, strides, address
+        self._itemsize = itemsize
+        self.device = self.CUDA if cuda else self.CPU
+        self.dtype = "float16"
+        self.requires_grad = False
+        self.written_by = None
+        self.base = self
+
+    def stride(self, dim=None):
+        return self._strides if dim is None else self._strides[dim]
+
+    def element_size(self):
+        return self._itemsize
+
+    def data_ptr(self):
+        return self._address
+
+    def is_contiguous(self):
+        return engine._word_rows(self.shape, self._strides, self._itemsize,
+                                 0) == (self.shape[0],) + (
+            self.shape[1] * self._itemsize // 8,) * 2
+
+    def as_strided(self, shape, strides):
+        view = _StandInTensor(shape, strides, self._address, self._itemsize)
+        view.base = self.base
+        return view
+
+    def view(self, dtype):
+        return self
+
+    def copy_(self, src):
+        self.base.written_by = "pytorch"
+        return self
+
+
+def test_copy_into_chooses_its_copy(monkeypatch):
+    """Which copies copy_into gives the compiled copy, with a stand-in for
+    torch: a layer view (rows 1 MiB apart) from a separate source does,
+    what PyTorch must judge does not, and once torch.compile fails every
+    copy is PyTorch's (warned once)."""
+    torch = _StandInTorch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(engine, "_compiled_copy", None)
+    monkeypatch.setattr(engine, "_compiled_copies", 0)
+
+    def layer(address=1 << 30):
+        return _StandInTensor((64, 128 << 10), (512 << 10, 1), address)
+
+    def source(address=8 << 30, shape=(64, 128 << 10)):
+        return _StandInTensor(shape, (shape[1], 1), address)
+
+    def copied_by(dst, src):
+        assert engine.copy_into(dst, src) is dst
+        return dst.base.written_by
+
+    assert copied_by(layer(), source()) == "compiled"
+    assert len(torch.compiled) == 1 and engine._compiled_copies == 1
+    assert copied_by(layer(), source()) == "compiled"
+    assert len(torch.compiled) == 1  # compiled once
+    # PyTorch's: another layer of the same blocks (spans meet), shapes or
+    # dtypes that differ, contiguous pairs, CPU tensors, autograd.
+    assert copied_by(layer(), layer((1 << 30) + (256 << 10))) == "pytorch"
+    assert copied_by(layer(), source(shape=(32, 128 << 10))) == "pytorch"
+    other = source()
+    other.dtype = "bfloat16"
+    assert copied_by(layer(), other) == "pytorch"
+    assert copied_by(source(), source(16 << 30)) == "pytorch"
+    cpu = _StandInTensor((64, 128 << 10), (512 << 10, 1), 1 << 30,
+                         cuda=False)
+    assert copied_by(cpu, source()) == "pytorch"
+    torch.grad = True
+    grad = source()
+    grad.requires_grad = True
+    assert copied_by(layer(), grad) == "pytorch"
+    assert copied_by(layer(), source()) == "compiled"
+    torch.grad = False
+    assert engine._compiled_copies == 3
+
+    # torch.compile fails: PyTorch's copy, now and from then on.
+    torch.compile_fails = True
+    with pytest.warns(UserWarning, match="torch.compile failed"):
+        assert copied_by(layer(), source()) == "pytorch"
+    assert engine._compiled_copy is False
+    assert copied_by(layer(), source()) == "pytorch"
+    assert engine._compiled_copies == 3
 
 
 def test_alloc_free_capacity_are_exact_and_typed(daemon):

@@ -259,6 +259,16 @@ def _word_rows(shape, strides, itemsize, address):
     return shape[0], row_bytes // _WORD_BYTES, row_stride // _WORD_BYTES
 
 
+def _rows_overlap(a, a_address, b, b_address):
+    """Whether two tensors of _word_rows `a` and `b` at those addresses
+    span any byte in common (first byte to last, gaps included)."""
+    def end(rows, address):
+        n, words, stride = rows
+        return address + ((n - 1) * stride + words) * _WORD_BYTES
+    return (a_address < end(b, b_address) and
+            b_address < end(a, a_address))
+
+
 # torch.compile of _copy_words, made at the first copy_into that needs it;
 # False once torch.compile failed in this process.
 _compiled_copy = None
@@ -271,11 +281,7 @@ def _copy_words(dst, src):
     dst.copy_(src)
 
 
-def _as_word_rows(torch, t):
-    rows = _word_rows(tuple(t.shape), tuple(t.stride()), t.element_size(),
-                      t.data_ptr())
-    if rows is None:
-        return None
+def _as_word_rows(torch, t, rows):
     n, words, _ = rows
     try:
         return t.as_strided((n, words * _WORD_BYTES // t.element_size()),
@@ -295,8 +301,8 @@ def copy_into(dst, src):
     dynamic shapes reaches 0.98-1.02 x for blocks of 16 KiB to 2 MiB on an
     H100 (bench/RESULTS.md, "A torch copy at full bandwidth"). So where dst
     and src have the same dtype and shape on one CUDA device and each is
-    such a stack of rows (src usually contiguous), they are copied as words
-    by that one compiled copy: compiled on the first call in a process (tens
+    such a stack of rows (src usually contiguous) and their spans of memory
+    do not meet, they are copied as words by that one compiled copy: compiled on the first call in a process (tens
     of seconds), reused for every shape after. Anything else (a copy
     autograd records among them) is dst.copy_(src), as is every copy in a
     process where torch.compile failed (warned once).
@@ -310,7 +316,18 @@ def copy_into(dst, src):
              (src.requires_grad or dst.requires_grad)) or
             _compiled_copy is False):
         return dst.copy_(src)
-    d, s = _as_word_rows(torch, dst), _as_word_rows(torch, src)
+    dst_rows = _word_rows(tuple(dst.shape), tuple(dst.stride()),
+                          dst.element_size(), dst.data_ptr())
+    src_rows = _word_rows(tuple(src.shape), tuple(src.stride()),
+                          src.element_size(), src.data_ptr())
+    # Overlapping tensors are PyTorch's to refuse or to copy through a
+    # temporary (two tensors over one mapping need not share a storage).
+    if (dst_rows is None or src_rows is None or
+            _rows_overlap(dst_rows, dst.data_ptr(), src_rows,
+                          src.data_ptr())):
+        return dst.copy_(src)
+    d = _as_word_rows(torch, dst, dst_rows)
+    s = _as_word_rows(torch, src, src_rows)
     if d is None or s is None:
         return dst.copy_(src)
     with _compiled_copy_lock:
