@@ -103,14 +103,23 @@ class CopiedBy:
         self._copy(self.view, src)
 
 
-def main():
+def cuda_torch():
+    """torch, or None after printing "SKIPPED: why" where there is no torch
+    or no CUDA device."""
     try:
         import torch
     except ImportError:
         print("SKIPPED: no torch")
-        return 0
+        return None
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
+        return None
+    return torch
+
+
+def main():
+    torch = cuda_torch()
+    if torch is None:
         return 0
     from kvbroker import engine
 

@@ -25,7 +25,7 @@ Prints "SKIPPED: why" and exits 0 without torch or a CUDA device.
 
 import sys
 
-from engine_bandwidth_bench import driver_copy_2d
+from engine_bandwidth_bench import cuda_torch, driver_copy_2d
 
 LAYERS_TIMES_BUFFERS = 64  # 32 layers, K and V
 POOL_BYTES = 32 << 30
@@ -50,13 +50,8 @@ def median_gbps(torch, copy, nbytes):
 
 
 def main():
-    try:
-        import torch
-    except ImportError:
-        print("SKIPPED: no torch")
-        return 0
-    if not torch.cuda.is_available():
-        print("SKIPPED: no CUDA device")
+    torch = cuda_torch()
+    if torch is None:
         return 0
     import torch._dynamo
     from kvbroker import engine

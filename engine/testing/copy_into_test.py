@@ -13,8 +13,6 @@ prints "PASSED", "SKIPPED: why" or "FAILED: why" last and exits 0 only when
 it passed or skipped (no torch or no CUDA device).
 """
 
-import sys
-
 from kvbroker import engine
 
 
@@ -109,14 +107,5 @@ def run():
 
 
 if __name__ == "__main__":
-    try:
-        run()
-    except Skip as e:
-        print("SKIPPED: %s" % e)
-        sys.exit(0)
-    except Exception as e:  # noqa: BLE001 - the script's verdict line
-        import traceback
-        traceback.print_exc()
-        print("FAILED: %s" % e)
-        sys.exit(1)
-    print("PASSED")
+    from script_verdict import run_as_script
+    run_as_script(run, Skip)

@@ -204,14 +204,5 @@ def test_engines_share_pages_and_give_them_back():
 
 
 if __name__ == "__main__":
-    try:
-        run_share_scenario()
-    except Skip as e:
-        print("SKIPPED: %s" % e)
-        sys.exit(0)
-    except Exception as e:  # noqa: BLE001 - the script's verdict line
-        import traceback
-        traceback.print_exc()
-        print("FAILED: %s" % e)
-        sys.exit(1)
-    print("PASSED")
+    from script_verdict import run_as_script
+    run_as_script(run_share_scenario, Skip)
