@@ -6,8 +6,12 @@
 //   - the same Alloc(n) + Free pair over gRPC on kvbrokerd's Unix socket.
 // The daemon is a real kvbrokerd process (host backend) serving both the
 // attach socket and the gRPC Unix socket; its pool keeps pages mapped, so no
-// call maps or unmaps. Phases alternate in rounds; the table reports the
-// median over rounds of each phase's mean and the ratios.
+// call maps or unmaps. Each round runs the session and the bare pair
+// alternating every --chunk pairs (which of the two goes first alternates
+// too), so that both meet the same state of the host, then the gRPC pair;
+// the table reports the median over rounds of each one's mean and the
+// ratios. --chunk=0 runs the whole session phase, then the whole bare one,
+// the method of bench/RESULTS.md's attach figures before 2026-12-06T13Z.
 // Targets: session <= 1.3 x bare, session <= 0.25 x gRPC. --pin puts the
 // bench on one CPU and the daemon and the echo peer on another, so that
 // where the scheduler places the peer is the same for the session and for
@@ -71,6 +75,9 @@ ABSL_FLAG(int, protocol, kvbroker::attach::kProtocolVersion,
           "the attach protocol version the session offers: 2 carries an "
           "Alloc's and a Free's blocks as runs, 1 lists every id (the frames "
           "of the bare pair follow)");
+ABSL_FLAG(int, chunk, 10,
+          "session and bare pairs alternate every this many pairs within a "
+          "round; 0 runs the whole session phase, then the whole bare one");
 ABSL_FLAG(std::string, phases, "session,bare,grpc",
           "phases to run; a CPU profile of one phase (perf stat over two "
           "--calls counts) takes it alone");
@@ -274,22 +281,43 @@ int Run() {
     if (!absl::SimpleAtoi(size, &n) || n <= 0) Die("--blocks: " + size);
     const Sizes z = FrameSizes(**session, n);
     std::vector<double> ses, bare, rpc;
-    for (int r = 0; r < rounds; ++r) {
-      absl::Time t0 = absl::Now();
-      for (int i = 0; run_session && i < calls; ++i) {
+    auto session_pairs = [&](int k) {
+      for (int i = 0; run_session && i < k; ++i) {
         auto ids = (*session)->Alloc(n);
         if (!ids.ok()) Die(ids.status().ToString());
         if (!(*session)->Free(*ids).ok()) Die("session free");
       }
-      ses.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) / calls);
-      t0 = absl::Now();
-      for (int i = 0; run_bare && i < calls; ++i) {
+    };
+    auto bare_pairs = [&](int k) {
+      for (int i = 0; run_bare && i < k; ++i) {
         RoundTrip(pair[0], z.alloc_request, z.alloc_reply, buf, touched,
                   spin_ns);
         RoundTrip(pair[0], z.free_request, z.free_reply, buf, touched, spin_ns);
       }
-      bare.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0) / calls);
-      t0 = absl::Now();
+    };
+    auto timed = [](auto&& pairs, int k) {
+      const absl::Time t0 = absl::Now();
+      pairs(k);
+      return absl::Now() - t0;
+    };
+    const int chunk = absl::GetFlag(FLAGS_chunk) > 0
+                          ? std::min(absl::GetFlag(FLAGS_chunk), calls)
+                          : calls;
+    for (int r = 0; r < rounds; ++r) {
+      absl::Duration in_session, in_bare;
+      for (int done = 0, turn = 0; done < calls; done += chunk, ++turn) {
+        const int k = std::min(chunk, calls - done);
+        if (turn % 2 == 0) {
+          in_session += timed(session_pairs, k);
+          in_bare += timed(bare_pairs, k);
+        } else {
+          in_bare += timed(bare_pairs, k);
+          in_session += timed(session_pairs, k);
+        }
+      }
+      ses.push_back(absl::ToDoubleMicroseconds(in_session) / calls);
+      bare.push_back(absl::ToDoubleMicroseconds(in_bare) / calls);
+      const absl::Time t0 = absl::Now();
       const int rpc_calls = run_grpc ? std::max(1, calls / 4) : 0;
       for (int i = 0; i < rpc_calls; ++i) {
         grpc::ClientContext ac;
