@@ -144,6 +144,10 @@ google::protobuf::ArenaOptions FrameArenaOptions(char* block, size_t size) {
   return options;
 }
 
+void RecycleFrameArena(google::protobuf::Arena* arena) {
+  if (arena->SpaceUsed() > kFrameArenaBytes / 2) arena->Reset();
+}
+
 absl::Status FrameChannel::Send(const v1::Frame& frame,
                                 absl::Span<const int> fds) {
   return SendWithFlags(frame, fds, MSG_NOSIGNAL);

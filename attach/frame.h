@@ -72,13 +72,20 @@ v1::ProtocolError ProtocolErrorOf(const absl::Status& status);
 v1::Error ToError(const absl::Status& status);
 absl::Status FromError(const v1::Error& error);
 
-// Both ends build the frames of one request and its reply on an arena they
-// reset per request, whose first block (kFrameArenaBytes, theirs) is reused
-// each time: an exchange whose frames fit it allocates nothing on the heap
-// for them. Free(256) and its reply use about 8.2 KiB of it
-// (attach/frame_test.cc).
-inline constexpr size_t kFrameArenaBytes = 16384;
+// Both ends build the frames of each request and its reply on an arena
+// whose first block (kFrameArenaBytes, theirs) is reused: an exchange whose
+// frames fit it allocates nothing on the heap for them. The arena is reset
+// before an exchange only once more than half of that block is used
+// (RecycleFrameArena), so that most exchanges pay neither the reset nor the
+// arena's first allocation after one; the half left always holds the
+// largest usual exchange, Free(256) and its reply, about 8.2 KiB
+// (attach/frame_test.cc). A frame on the arena therefore stays valid at
+// least until the next exchange begins.
+inline constexpr size_t kFrameArenaBytes = 32768;
 google::protobuf::ArenaOptions FrameArenaOptions(char* block, size_t size);
+// Resets `arena` when more than kFrameArenaBytes / 2 of it is used (or it
+// took a block from the heap); otherwise leaves it as it is.
+void RecycleFrameArena(google::protobuf::Arena* arena);
 
 // Whether a frame of this body may carry fds (only PagesMapped).
 bool CarriesFds(const v1::Frame& frame);

@@ -97,9 +97,11 @@ TEST_F(FrameTest, RoundTripWithoutFds) {
 }
 
 // The largest session exchanges, Free(256) and Alloc(256) (its ids on 4
-// pages): each end resets its frame arena per exchange and holds one frame
-// received and one built there. Each fits the arena's first block, so an
-// exchange takes no heap memory for its frames.
+// pages): each end recycles its frame arena before an exchange
+// (RecycleFrameArena: reset only past half of its first block) and holds
+// one frame received and one built there. Even with just under half of the
+// block used by earlier exchanges, each fits what is left, so an exchange
+// takes no heap memory for its frames.
 TEST_F(FrameTest, TheLargestExchangesFitTheFrameArenasFirstBlock) {
   alignas(std::max_align_t) char block[kFrameArenaBytes];
   google::protobuf::Arena arena(FrameArenaOptions(block, sizeof(block)));
@@ -118,6 +120,12 @@ TEST_F(FrameTest, TheLargestExchangesFitTheFrameArenasFirstBlock) {
   }
   for (const v1::Frame* sent : {&free_request, &alloc_reply}) {
     arena.Reset();
+    // Earlier exchanges' frames, up to the most RecycleFrameArena keeps.
+    google::protobuf::Arena::CreateArray<char>(
+        &arena, kFrameArenaBytes / 2 - arena.SpaceUsed());
+    ASSERT_EQ(arena.SpaceUsed(), kFrameArenaBytes / 2);
+    RecycleFrameArena(&arena);
+    ASSERT_EQ(arena.SpaceUsed(), kFrameArenaBytes / 2) << "kept, not reset";
     auto* built = google::protobuf::Arena::CreateMessage<v1::Frame>(&arena);
     if (sent == &free_request) {
       built->mutable_free_reply()->set_freed_blocks(256);
@@ -131,6 +139,9 @@ TEST_F(FrameTest, TheLargestExchangesFitTheFrameArenasFirstBlock) {
     EXPECT_EQ(got->SerializeAsString(), sent->SerializeAsString());
     EXPECT_EQ(arena.SpaceAllocated(), kFrameArenaBytes)
         << got->body_case() << ": " << arena.SpaceUsed() << " B used";
+    // Past half: the next exchange starts on an empty arena.
+    RecycleFrameArena(&arena);
+    EXPECT_EQ(arena.SpaceUsed(), 0u);
   }
 }
 

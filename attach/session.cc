@@ -83,8 +83,9 @@ void AttachServer::Session::Run() {
     // could not be sent at once, or a closing pool, waits for this thread.
     if (!FlushOutbox()) break;
     // The frames of the last request and its reply are gone (sent or
-    // dropped): their memory is taken again, without the heap.
-    frames_.Reset();
+    // dropped): once they fill half the arena, its memory is taken again,
+    // without the heap (frame.h).
+    RecycleFrameArena(&frames_);
     v1::Frame* const request = NewFrame();
     // Only PagesMapped carries fds, and the daemon sends it: any that come
     // are closed at the end of this turn.

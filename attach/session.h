@@ -130,8 +130,9 @@ class AttachServer::Session {
   const uint64_t id_;
   FrameChannel channel_;
   std::thread thread_;
-  // The request being answered and its reply (frame.h, kFrameArenaBytes);
-  // reset before each receive. Touched only by the session's thread.
+  // The request being answered and its reply (frame.h, kFrameArenaBytes),
+  // beside those of earlier requests until RecycleFrameArena resets it
+  // before a receive. Touched only by the session's thread.
   alignas(std::max_align_t) char frame_block_[kFrameArenaBytes];
   google::protobuf::Arena frames_;
 

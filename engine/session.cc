@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
 }
 
 av1::Frame* Session::NewRequest() {
-  frames_.Reset();
+  attach::RecycleFrameArena(&frames_);
   return google::protobuf::Arena::CreateMessage<av1::Frame>(&frames_);
 }
 
