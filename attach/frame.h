@@ -83,8 +83,9 @@ absl::Status FromError(const v1::Error& error);
 // least until the next exchange begins.
 inline constexpr size_t kFrameArenaBytes = 32768;
 google::protobuf::ArenaOptions FrameArenaOptions(char* block, size_t size);
-// Resets `arena` when more than kFrameArenaBytes / 2 of it is used (or it
-// took a block from the heap); otherwise leaves it as it is.
+// Resets `arena` when more than kFrameArenaBytes / 2 of it is used (an
+// arena that had to take a block from the heap always has); otherwise
+// leaves it as it is.
 void RecycleFrameArena(google::protobuf::Arena* arena);
 
 // Whether a frame of this body may carry fds (only PagesMapped).

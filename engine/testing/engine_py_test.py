@@ -216,10 +216,8 @@ class _StandInTensor:
     def data_ptr(self):
         return self._address
 
-    def is_contiguous(self):
-        return engine._word_rows(self.shape, self._strides, self._itemsize,
-                                 0) == (self.shape[0],) + (
-            self.shape[1] * self._itemsize // 8,) * 2
+    def is_contiguous(self):  # the stand-ins are all two-dimensional
+        return self._strides == (self.shape[1], 1)
 
     def as_strided(self, shape, strides):
         view = _StandInTensor(shape, strides, self._address, self._itemsize)

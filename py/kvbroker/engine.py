@@ -300,12 +300,13 @@ def copy_into(dst, src):
     int64. A copy torch.compile generates for rows of 8-byte words with
     dynamic shapes reaches 0.98-1.02 x for blocks of 16 KiB to 2 MiB on an
     H100 (bench/RESULTS.md, "A torch copy at full bandwidth"). So where dst
-    and src have the same dtype and shape on one CUDA device and each is
-    such a stack of rows (src usually contiguous) and their spans of memory
-    do not meet, they are copied as words by that one compiled copy: compiled on the first call in a process (tens
-    of seconds), reused for every shape after. Anything else (a copy
-    autograd records among them) is dst.copy_(src), as is every copy in a
-    process where torch.compile failed (warned once).
+    and src have the same dtype and shape on one CUDA device, each is such
+    a stack of rows (src usually contiguous) and their spans of memory do
+    not meet, they are copied as words by that one compiled copy: compiled
+    on the first call in a process (tens of seconds), reused for every
+    shape after. Anything else (a copy autograd records among them) is
+    dst.copy_(src), as is every copy in a process where torch.compile
+    failed (warned once).
     """
     global _compiled_copy, _compiled_copies
     import torch
