@@ -185,7 +185,7 @@ class Caller {
     books_->Give(ids);
     FreeRequest req;
     // Half the time by runs alone (the attach session's form).
-    std::vector<int64_t> runs;
+    BlockRuns runs;
     if (Uniform(rng_, 0, 1) == 0) {
       std::vector<BlockId> sorted = ids;
       std::sort(sorted.begin(), sorted.end());

@@ -132,7 +132,7 @@ void PageLedger::ChangeState(PageId p, PageState to) {
 void PageLedger::Detach(PageId p) {
   Page& page = pages_[p];
   if (page.state == PageState::kOpen) {
-    open_.erase({page.free, p});
+    open_.erase(page.free, p);
     open_free_ -= page.free;
   } else if (page.state == PageState::kIdle) {
     // Callers detach IDLE pages only after taking them off idle_.
@@ -152,7 +152,7 @@ void PageLedger::Attach(PageId p) {
   }
   ChangeState(p, to);
   if (to == PageState::kOpen) {
-    open_.insert({page.free, p});
+    open_.insert(page.free, p);
     open_free_ += page.free;
   } else if (to == PageState::kIdle) {
     idle_usable_ += page.usable;
@@ -258,15 +258,10 @@ int64_t PageLedger::TakeIdlePage(PageId p, BlockOwner owner, Stretches* out) {
 // Taking blocks
 
 void PageLedger::TakeMapped(BlockCount n, BlockOwner owner, Stretches* out,
-                            std::vector<PageId>* from_idle) {
+                            PageIds* from_idle) {
   int64_t need = n.value();
   while (need > 0 && !open_.empty()) {
-    auto it = open_.lower_bound({need, PageId{-1}});
-    if (it == open_.end()) {
-      // None covers the need: the most free blocks, lowest id among ties.
-      it = open_.lower_bound({std::prev(open_.end())->first, PageId{-1}});
-    }
-    const PageId p = it->second;
+    const PageId p = open_.BestFit(need);
     Detach(p);
     need -= TakeFromPage(p, need, owner, out);
     Attach(p);

@@ -45,11 +45,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/btree_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
 #include "allocator/free_list.h"
 #include "allocator/geometry.h"
+#include "allocator/open_index.h"
 #include "allocator/stretches.h"
 #include "allocator/units.h"
 
@@ -187,9 +187,7 @@ class PageLedger {
   PageId PageOf(BlockId b, PageId hint) const;
 
   // Lists, for snapshots (consumption order).
-  const absl::btree_set<std::pair<int64_t, PageId>>& open_index() const {
-    return open_;
-  }
+  const internal::OpenIndex& open_index() const { return open_; }
   const std::deque<PageId>& idle_list() const { return idle_; }
   const internal::FreeList& free_list() const { return free_; }
   const std::deque<PageId>& reclaimed_list() const { return reclaimed_; }
@@ -205,7 +203,7 @@ class PageLedger {
   // IDLE pages it drew from, in order, to `from_idle`.
   // REQUIRES: n <= mapped_supply().
   void TakeMapped(BlockCount n, BlockOwner owner, Stretches* out,
-                  std::vector<PageId>* from_idle);
+                  PageIds* from_idle);
   // Undoes TakeMapped: OPEN pages get their blocks back (the same place in
   // the index), and the pages in `from_idle` return to the front of the
   // IDLE list in order; exact when nothing else touched those pages. A page
@@ -297,8 +295,7 @@ class PageLedger {
   std::vector<BlockOwner> owner_;
   // Bit b set <=> block b is usable, on a mapped page, and owned by nobody.
   std::vector<uint64_t> free_bits_;
-  // OPEN pages ordered by (free blocks, page id): best fit is a lower_bound.
-  absl::btree_set<std::pair<int64_t, PageId>> open_;
+  internal::OpenIndex open_;
   std::deque<PageId> idle_;
   internal::FreeList free_;
   std::deque<PageId> reclaimed_;

@@ -75,7 +75,7 @@ TEST(PageLedgerTest, OpenBestFitThenIdleFrontFirst) {
   PageLedger l(&g);
   MapIdle(l, 4);  // pages 0..3 IDLE
   Stretches out;
-  std::vector<PageId> from_idle;
+  PageIds from_idle;
   l.TakeMapped(BlockCount(3), BlockOwner::kAllocated, &out, &from_idle);
   EXPECT_EQ(out.Ids(), (std::vector<BlockId>{0, 1, 2}));  // page 0, now OPEN (1)
   l.TakeMapped(BlockCount(2), BlockOwner::kAllocated, &out, &from_idle);
@@ -84,7 +84,7 @@ TEST(PageLedgerTest, OpenBestFitThenIdleFrontFirst) {
   EXPECT_EQ(out.Ids(), (std::vector<BlockId>{0, 1, 2, 3, 4}));
   // Block 3 (page 0) continued 0..2, block 4 (page 1) continued that.
   EXPECT_EQ(out.list(), (Stretches::List{{0, 5}}));
-  EXPECT_EQ(from_idle, (std::vector<PageId>{0, 1}));
+  EXPECT_EQ(from_idle, (PageIds{0, 1}));
   EXPECT_EQ(l.pages(PageState::kFull), PageCount(1));
   EXPECT_EQ(l.pages(PageState::kOpen), PageCount(1));
   EXPECT_EQ(l.open_free(), BlockCount(3));
@@ -98,7 +98,7 @@ TEST(PageLedgerTest, AbortedAcquisitionRestoresEverythingExactly) {
   PageLedger l(&g);
   MapIdle(l, 3);  // 0, 1, 2 IDLE
   Stretches kept;
-  std::vector<PageId> unused;
+  PageIds unused;
   l.TakeMapped(BlockCount(1), BlockOwner::kAllocated, &kept, &unused);
   ASSERT_EQ(l.Check(), "");
   const std::vector<PageId> free_before = FreeOrder(l);
@@ -107,7 +107,7 @@ TEST(PageLedgerTest, AbortedAcquisitionRestoresEverythingExactly) {
 
   // An acquisition of 20 blocks: all 11 mapped ones, then 3 fresh pages.
   Stretches taken_stretches;
-  std::vector<PageId> from_idle;
+  PageIds from_idle;
   l.TakeMapped(l.mapped_supply(), BlockOwner::kReserved, &taken_stretches, &from_idle);
   std::vector<PageId> fresh = l.BeginMapFront(PageCount(3));
   EXPECT_EQ(fresh, (std::vector<PageId>{3, 4, 5}));
@@ -137,7 +137,7 @@ TEST(PageLedgerTest, OwnerRunsCountAndReturnAtAnyAlignment) {
   PageLedger l(&g);
   MapIdle(l, 2);
   Stretches reserved, allocated;
-  std::vector<PageId> from_idle;
+  PageIds from_idle;
   l.TakeMapped(BlockCount(40), BlockOwner::kReserved, &reserved, &from_idle);
   l.TakeMapped(BlockCount(60), BlockOwner::kAllocated, &allocated,
                &from_idle);
@@ -176,7 +176,7 @@ TEST(PageLedgerTest, ReturnRunsAgreesWithReturnBlocks) {
   for (PageLedger* l : {&by_runs, &by_ids}) {
     MapIdle(*l, 5);
     Stretches taken;
-    std::vector<PageId> from_idle;
+    PageIds from_idle;
     l->TakeMapped(BlockCount(40), BlockOwner::kReserved, &taken, &from_idle);
     l->TakeMapped(BlockCount(100), BlockOwner::kAllocated, &taken,
                   &from_idle);
@@ -221,7 +221,7 @@ TEST(PageLedgerTest, AllAllocatedAgreesWithTheOwners) {
   // Page 0: the null block, then the rest allocated (FULL).
   std::vector<PageId> first = l.BeginMapFront(PageCount(1));
   l.CommitMap(first[0], BlockCount(1), BlockOwner::kNull, &got);
-  std::vector<PageId> from_idle;
+  PageIds from_idle;
   l.TakeMapped(BlockCount(31), BlockOwner::kAllocated, &got, &from_idle);
   // Page 1 all allocated; page 2 one reserved block and 31 allocated.
   MapIdle(l, 2);
@@ -256,7 +256,7 @@ TEST(PageLedgerTest, PartOfAFreeRunIsTakenLowestFirst) {
   PageLedger l(&g);
   MapIdle(l, 4);
   Stretches out;
-  std::vector<PageId> from_idle;
+  PageIds from_idle;
   l.TakeMapped(BlockCount(5), BlockOwner::kAllocated, &out, &from_idle);
   EXPECT_EQ(out.list(), (Stretches::List{{0, 5}}));
   out.clear();
@@ -375,7 +375,7 @@ class LedgerWalk {
         reserve ? BlockOwner::kReserved : BlockOwner::kAllocated;
     const MBlock mowner = reserve ? MBlock::kReserved : MBlock::kAllocated;
     Stretches taken;
-    std::vector<PageId> from_idle;
+    PageIds from_idle;
     if (n <= ledger_.mapped_supply().value()) {
       ledger_.TakeMapped(BlockCount(n), owner, &taken, &from_idle);
       reference::MOutcome want =
@@ -435,7 +435,7 @@ class LedgerWalk {
     if (Uniform(0, 1)) {
       Stretches runs;
       runs.AppendIds(ids);
-      std::vector<int64_t> pairs = runs.AscendingRuns();
+      const BlockRuns pairs = runs.AscendingRuns();
       emptied = ledger_.ReturnRuns(pairs);
     } else {
       emptied = ledger_.ReturnBlocks(ids);

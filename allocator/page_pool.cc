@@ -56,9 +56,6 @@ PagePool::Acquisition PagePool::BeginAcquireLocked(const Plan& plan,
                                                    Reservation* reservation) {
   Acquisition acq;
   acq.owner = owner;
-  // One allocation for the IDLE pages drawn from, not one per doubling.
-  acq.from_idle.reserve(static_cast<size_t>(
-      std::min<int64_t>(ledger_.idle_pages_listed().value(), 16)));
   if (plan.from_reservation > 0) {
     acq.reservation_id = reservation->id;
     acq.from_reservation =

@@ -276,7 +276,7 @@ class PagePool {
     // The blocks taken from the pages (not the reservation's), ascending:
     // what goes back to the pool when the call fails.
     std::vector<BlockId> FromPagesAscending() const;
-    std::vector<PageId> from_idle;          // IDLE pages drawn from, in order
+    PageIds from_idle;                      // IDLE pages drawn from, in order
     std::vector<PageId> fresh;              // in flight, FREE-list order
     int64_t fresh_need = 0;                 // blocks to take from `fresh`
   };

@@ -212,7 +212,7 @@ TEST_F(PagePoolTest, AllocAsRunsNamesTheSameBlocksAsPages) {
       EXPECT_TRUE(b->pages.empty());
       EXPECT_TRUE(a->block_runs.empty());
       EXPECT_EQ(AllBlockIds(*a), AllBlockIds(*b));
-      const std::vector<BlockId>& runs = b->block_runs;
+      const BlockRuns& runs = b->block_runs;
       for (size_t i = 0; i + 1 < runs.size(); i += 2) {
         EXPECT_GE(runs[i + 1], 1);
         if (i > 0) {
@@ -268,7 +268,7 @@ TEST_F(PagePoolTest, AllocAsRunsNamesTheSameBlocksAsPages) {
   four.as_runs = true;
   absl::StatusOr<AllocResult> taken = pool->Alloc(four);
   ASSERT_TRUE(taken.ok()) << taken.status();
-  EXPECT_EQ(taken->block_runs, (std::vector<BlockId>{1, 1, 8, 3}));
+  EXPECT_EQ(taken->block_runs, (BlockRuns{1, 1, 8, 3}));
 }
 
 TEST_F(PagePoolTest, NullBlockNeverFreedOrTrimmed) {

@@ -106,7 +106,7 @@ struct AllocRequest {
 struct AllocResult {
   std::vector<PageBlocks> pages;  // ascending page id; none with as_runs
   // With as_runs: (first, count) pairs, ascending, adjacent pairs merged.
-  std::vector<BlockId> block_runs;
+  BlockRuns block_runs;
   int64_t num_blocks = 0;
   uint64_t generation = 0;
   bool replayed = false;     // a retry answered from the idempotency window

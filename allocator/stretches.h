@@ -36,6 +36,11 @@ struct Stretch {
   }
 };
 
+// (first, count) pairs, ascending, adjacent ones merged (AllocResult::
+// block_runs). An acquisition's blocks are usually one or two runs, so two
+// are kept off the heap.
+using BlockRuns = absl::InlinedVector<BlockId, 4>;
+
 class Stretches {
  public:
   // Eight inline: an engine's Alloc of 256 blocks of 64 KiB on 2 MiB pages
@@ -82,7 +87,7 @@ class Stretches {
   // The same blocks as ascending (first, count) pairs with adjacent ones
   // merged (AllocResult::block_runs): one sort of the stretches, none of
   // the ids.
-  std::vector<BlockId> AscendingRuns() const {
+  BlockRuns AscendingRuns() const {
     List sorted;
     const List* in = &list_;
     if (!std::is_sorted(list_.begin(), list_.end(), ByFirst)) {
@@ -90,8 +95,7 @@ class Stretches {
       std::sort(sorted.begin(), sorted.end(), ByFirst);
       in = &sorted;
     }
-    std::vector<BlockId> runs;
-    runs.reserve(2 * in->size());
+    BlockRuns runs;
     for (const Stretch& s : *in) {
       if (!runs.empty() && runs[runs.size() - 2] + runs.back() == s.first) {
         runs.back() += s.count;

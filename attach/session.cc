@@ -472,7 +472,7 @@ absl::Status AttachServer::Session::AllocForHolder(
     for (const PageBlocks& p : result->pages) {
       holder_entry_->blocks.InsertAscending(p.block_ids);
     }
-    const std::vector<BlockId>& runs = result->block_runs;
+    const BlockRuns& runs = result->block_runs;
     for (size_t i = 0; i + 1 < runs.size(); i += 2) {
       holder_entry_->blocks.InsertRange(runs[i], runs[i] + runs[i + 1]);
     }
