@@ -7,7 +7,7 @@
 // caller's runs with CheckBlockRuns and refuses what it rejects
 // (server/proto_convert.h, FromProto of a FreeRequest), passing valid runs
 // on to the pool unexpanded; the engine reads the daemon's with
-// ExpandBlockRuns.
+// WriteBlockRuns.
 #ifndef KVBROKER_COMMON_BLOCK_RUNS_H_
 #define KVBROKER_COMMON_BLOCK_RUNS_H_
 
@@ -100,6 +100,16 @@ inline absl::Status CheckBlockRuns(absl::Span<const int64_t> runs,
   return absl::OkStatus();
 }
 
+// Writes the ids of runs CheckBlockRuns accepted to `out`, in order.
+// REQUIRES: `out` has room for them.
+inline void WriteCheckedBlockRuns(absl::Span<const int64_t> runs,
+                                  int64_t* out) {
+  for (size_t i = 0; i < runs.size(); i += 2) {
+    WriteConsecutive(out, runs[i], runs[i + 1]);
+    out += runs[i + 1];
+  }
+}
+
 // Appends the ids `runs` names to `*ids`; refuses as CheckBlockRuns does
 // (counting the ids already in `*ids`), with `*ids` unchanged.
 inline absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
@@ -112,11 +122,23 @@ inline absl::Status ExpandBlockRuns(absl::Span<const int64_t> runs,
     return s;
   }
   ids->resize(static_cast<size_t>(before + named));
-  int64_t* out = ids->data() + before;
-  for (size_t i = 0; i < runs.size(); i += 2) {
-    WriteConsecutive(out, runs[i], runs[i + 1]);
-    out += runs[i + 1];
+  WriteCheckedBlockRuns(runs, ids->data() + before);
+  return absl::OkStatus();
+}
+
+// Writes the ids `runs` names to the front of `out` and adds their number
+// to `*written`; refuses as CheckBlockRuns does, with at most `out.size()`
+// ids allowed, having written nothing.
+inline absl::Status WriteBlockRuns(absl::Span<const int64_t> runs,
+                                   absl::Span<int64_t> out, size_t* written) {
+  int64_t named = 0;
+  if (absl::Status s = CheckBlockRuns(
+          runs, static_cast<int64_t>(out.size()), 0, &named);
+      !s.ok()) {
+    return s;
   }
+  WriteCheckedBlockRuns(runs, out.data());
+  *written += static_cast<size_t>(named);
   return absl::OkStatus();
 }
 

@@ -1,7 +1,7 @@
 // AppendBlockRuns: stretches of consecutive ids become one pair each, in
 // the order given, so that expanding the pairs gives the ids back; a run
-// that continues the last pair extends it. ExpandBlockRuns: what it
-// refuses leaves the list as it was.
+// that continues the last pair extends it. ExpandBlockRuns and
+// WriteBlockRuns: what they refuse leaves the list or the room as it was.
 
 #include "common/block_runs.h"
 
@@ -120,6 +120,29 @@ TEST(BlockRunsTest, ExpandAppendsWhatTheRunsName) {
   std::vector<int64_t> at_top;
   ASSERT_TRUE(ExpandBlockRuns({top - 1, 2}, 2, &at_top).ok());
   EXPECT_THAT(at_top, ElementsAre(top - 1, top));
+}
+
+TEST(BlockRunsTest, WriteFillsTheFrontOfTheRoomGiven) {
+  std::vector<int64_t> room(8, -1);
+  size_t written = 1;
+  ASSERT_TRUE(WriteBlockRuns(Runs({9, 10, 3, 4, 5}), absl::MakeSpan(room),
+                             &written)
+                  .ok());
+  EXPECT_EQ(written, 6u);
+  EXPECT_THAT(room, ElementsAre(9, 10, 3, 4, 5, -1, -1, -1));
+  // Exactly the room: accepted; one id more: refused, nothing written.
+  std::vector<int64_t> three(3, -1);
+  written = 0;
+  EXPECT_TRUE(WriteBlockRuns({20, 3}, absl::MakeSpan(three), &written).ok());
+  EXPECT_THAT(three, ElementsAre(20, 21, 22));
+  std::vector<int64_t> two(2, -1);
+  written = 0;
+  EXPECT_EQ(WriteBlockRuns({20, 3}, absl::MakeSpan(two), &written).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(written, 0u);
+  EXPECT_THAT(two, ElementsAre(-1, -1));
+  EXPECT_EQ(WriteBlockRuns({0, 1, 5}, absl::MakeSpan(room), &written).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(BlockRunsTest, ExpandRefusesMalformedRunsAndChangesNothing) {

@@ -198,11 +198,11 @@ __attribute__((visibility("default"))) int32_t kvb_alloc(
             "block_ids has room for ", capacity, " ids, not ", num_blocks)),
         err);
   }
-  absl::StatusOr<std::vector<int64_t>> ids =
-      s->session->Alloc(num_blocks, OrEmpty(request_id));
-  if (!ids.ok()) return Report(ids.status(), err);
-  std::copy(ids->begin(), ids->end(), block_ids);
-  if (allocated != nullptr) *allocated = static_cast<int64_t>(ids->size());
+  absl::StatusOr<int64_t> n = s->session->AllocInto(
+      num_blocks, OrEmpty(request_id),
+      absl::MakeSpan(block_ids, num_blocks > 0 ? num_blocks : 0));
+  if (!n.ok()) return Report(n.status(), err);
+  if (allocated != nullptr) *allocated = *n;
   return Report(absl::OkStatus(), err);
 }
 

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -394,9 +395,8 @@ absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
   return (*reply)->alloc_reply();
 }
 
-absl::StatusOr<std::vector<int64_t>> Session::Alloc(
+absl::StatusOr<const kv1::AllocResponse*> Session::CallAlloc(
     int64_t num_blocks, const std::string& request_id) {
-  PlainMutexLock lock(&mu_);
   av1::Frame* f = NewRequest();
   kv1::AllocRequest* request = f->mutable_alloc();
   request->set_num_blocks(num_blocks);
@@ -413,20 +413,66 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
         absl::StrCat("the daemon answered Alloc(", num_blocks, ") with ",
                      r.num_blocks(), " blocks"));
   }
-  std::vector<int64_t> ids;
-  ids.reserve(r.num_blocks());
+  return &r;
+}
+
+namespace {
+
+// Writes the ids of `r` (its pages' lists, then its runs) to `out`, which
+// has room for exactly r.num_blocks(); a reply that lists another number
+// is malformed, and nothing past `out` is written.
+absl::Status WriteAllocIds(const kv1::AllocResponse& r,
+                           absl::Span<int64_t> out) {
+  size_t at = 0;
+  absl::Status runs;
   for (const kv1::PageBlocks& p : r.pages()) {
-    ids.insert(ids.end(), p.block_ids().begin(), p.block_ids().end());
+    const size_t n = static_cast<size_t>(p.block_ids_size());
+    if (n > out.size() - at) {
+      runs = absl::InvalidArgumentError("its pages list more");
+      break;
+    }
+    std::copy(p.block_ids().begin(), p.block_ids().end(), out.begin() + at);
+    at += n;
   }
-  // Bounded by num_blocks, so that wrong runs cannot run away.
-  absl::Status runs = ExpandBlockRuns(r.block_runs(), r.num_blocks(), &ids);
-  if (!runs.ok() || static_cast<int64_t>(ids.size()) != r.num_blocks()) {
+  if (runs.ok()) {
+    runs = WriteBlockRuns(r.block_runs(), out.subspan(at), &at);
+  }
+  if (!runs.ok() || at != out.size()) {
     return ProtocolFailure(
         av1::MALFORMED_FRAME,
         absl::StrCat("the daemon's Alloc reply says ", r.num_blocks(),
-                     " blocks and lists ", ids.size(), " ", runs.message()));
+                     " blocks and lists ", at, " ", runs.message()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> Session::Alloc(
+    int64_t num_blocks, const std::string& request_id) {
+  PlainMutexLock lock(&mu_);
+  absl::StatusOr<const kv1::AllocResponse*> r =
+      CallAlloc(num_blocks, request_id);
+  if (!r.ok()) return r.status();
+  std::vector<int64_t> ids(static_cast<size_t>((*r)->num_blocks()));
+  KVB_RETURN_IF_ERROR(WriteAllocIds(**r, absl::MakeSpan(ids)));
   return ids;
+}
+
+absl::StatusOr<int64_t> Session::AllocInto(int64_t num_blocks,
+                                           const std::string& request_id,
+                                           absl::Span<int64_t> out) {
+  if (num_blocks > static_cast<int64_t>(out.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("room for ", out.size(), " ids, not ", num_blocks));
+  }
+  PlainMutexLock lock(&mu_);
+  absl::StatusOr<const kv1::AllocResponse*> r =
+      CallAlloc(num_blocks, request_id);
+  if (!r.ok()) return r.status();
+  const int64_t n = (*r)->num_blocks();
+  KVB_RETURN_IF_ERROR(WriteAllocIds(**r, out.first(static_cast<size_t>(n))));
+  return n;
 }
 
 absl::StatusOr<kv1::FreeResponse> Session::Free(kv1::FreeRequest request) {

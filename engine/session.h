@@ -169,6 +169,14 @@ class Session {
   absl::StatusOr<std::vector<int64_t>> Alloc(int64_t num_blocks,
                                              const std::string& request_id = "")
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The same ids written to `out` instead, for a caller that keeps its own
+  // buffer (the C ABI writes straight into the caller's array); returns how
+  // many. INVALID_ARGUMENT, before anything is sent, when `out` has room
+  // for fewer than `num_blocks` ids.
+  absl::StatusOr<int64_t> AllocInto(int64_t num_blocks,
+                                    const std::string& request_id,
+                                    absl::Span<int64_t> out)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<kvbroker::v1::FreeResponse> Free(
       kvbroker::v1::FreeRequest request) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<kvbroker::v1::FreeResponse> Free(
@@ -214,6 +222,11 @@ class Session {
 
   // Starts a call: the frames of the last one are dropped and a fresh
   // request frame of frames_ is returned.
+  // Sends Alloc(num_blocks) and returns the daemon's reply, whose block
+  // count is checked to lie in [0, num_blocks].
+  absl::StatusOr<const kvbroker::v1::AllocResponse*> CallAlloc(
+      int64_t num_blocks, const std::string& request_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   attach::v1::Frame* NewRequest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `request` (from NewRequest) with a fresh seq and reads until its
   // reply, handling daemon-initiated messages on the way. The reply is a

@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -316,6 +317,50 @@ TEST_F(SessionTest, Version2CarriesBlockRuns) {
   EXPECT_EQ(freed->freed_blocks(), 3);
   EXPECT_EQ(attach::ProtocolErrorOf(bad.status()), av1::MALFORMED_FRAME)
       << bad.status();
+}
+
+// AllocInto writes the ids into the caller's room: a room too small is
+// refused before anything is sent, and a reply that lists more ids than
+// its count writes nothing past the count.
+TEST_F(SessionTest, AllocIntoWritesTheCallersRoomAndNoFurther) {
+  Open({2, 3}, absl::Seconds(5), absl::ZeroDuration(), /*version=*/2);
+  std::thread daemon([&] {
+    ReceivedFrame first = peer_.Next();  // the refused call sent nothing
+    ASSERT_TRUE(first.frame.has_alloc());
+    EXPECT_EQ(first.frame.alloc().num_blocks(), 3);
+    av1::Frame reply;
+    reply.set_seq(first.frame.seq());
+    kv1::AllocResponse* r = reply.mutable_alloc_reply();
+    r->add_block_runs(5);
+    r->add_block_runs(3);
+    r->set_num_blocks(3);
+    peer_.Send(reply);
+    ReceivedFrame second = peer_.Next();
+    ASSERT_TRUE(second.frame.has_alloc());
+    av1::Frame wrong;
+    wrong.set_seq(second.frame.seq());
+    kv1::AllocResponse* w = wrong.mutable_alloc_reply();
+    w->set_num_blocks(2);
+    kv1::PageBlocks* page = w->add_pages();
+    page->set_page_id(2);
+    for (int64_t b : {5, 6, 7}) page->add_block_ids(b);
+    peer_.Send(wrong);
+  });
+  std::vector<int64_t> room(4, -1);
+  auto small = session_->AllocInto(5, "", absl::MakeSpan(room));
+  auto got = session_->AllocInto(3, "", absl::MakeSpan(room));
+  const std::vector<int64_t> after_got = room;
+  std::fill(room.begin(), room.end(), -1);
+  auto bad = session_->AllocInto(2, "", absl::MakeSpan(room));
+  daemon.join();
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kInvalidArgument)
+      << small.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, 3);
+  EXPECT_THAT(after_got, ElementsAre(5, 6, 7, -1));
+  EXPECT_EQ(attach::ProtocolErrorOf(bad.status()), av1::MALFORMED_FRAME)
+      << bad.status();
+  EXPECT_THAT(room, ElementsAre(-1, -1, -1, -1));
 }
 
 // With reply_spin the call polls before it sleeps: a reply inside the spin
