@@ -220,13 +220,13 @@ class Session {
  private:
   Session(attach::FrameChannel channel, const ConnectOptions& options);
 
-  // Starts a call: the frames of the last one are dropped and a fresh
-  // request frame of frames_ is returned.
   // Sends Alloc(num_blocks) and returns the daemon's reply, whose block
   // count is checked to lie in [0, num_blocks].
   absl::StatusOr<const kvbroker::v1::AllocResponse*> CallAlloc(
       int64_t num_blocks, const std::string& request_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a call: the frames of the last one are dropped and a fresh
+  // request frame of frames_ is returned.
   attach::v1::Frame* NewRequest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `request` (from NewRequest) with a fresh seq and reads until its
   // reply, handling daemon-initiated messages on the way. The reply is a
