@@ -24,6 +24,10 @@ using attach::FrameChannel;
 using attach::ProtocolFailure;
 using attach::ReceivedFrame;
 
+// The most ids the kept Free request keeps room for between calls (8 KiB
+// in each of its two lists); a larger Free's room is given back after it.
+constexpr int kKeptRequestIds = 1024;
+
 Session::Session(FrameChannel channel, const ConnectOptions& options)
     : channel_(std::move(channel)),
       close_timeout_(options.close_timeout),
@@ -397,14 +401,18 @@ absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
 
 absl::StatusOr<const kv1::AllocResponse*> Session::CallAlloc(
     int64_t num_blocks, const std::string& request_id) {
-  av1::Frame* f = NewRequest();
-  kv1::AllocRequest* request = f->mutable_alloc();
+  attach::RecycleFrameArena(&frames_);  // for the reply
+  kv1::AllocRequest* request = alloc_request_.mutable_alloc();
   request->set_num_blocks(num_blocks);
   // An empty id is proto3's default: setting it would only allocate.
-  if (!request_id.empty()) request->set_request_id(request_id);
-  if (runs_) request->set_block_runs(true);
-  absl::StatusOr<const av1::Frame*> reply =
-      CallAttached(f, av1::Frame::kAllocReply, "an Alloc reply");
+  if (request_id.empty()) {
+    request->clear_request_id();
+  } else {
+    request->set_request_id(request_id);
+  }
+  request->set_block_runs(runs_);
+  absl::StatusOr<const av1::Frame*> reply = CallAttached(
+      &alloc_request_, av1::Frame::kAllocReply, "an Alloc reply");
   if (!reply.ok()) return reply.status();
   const kv1::AllocResponse& r = (*reply)->alloc_reply();
   if (r.num_blocks() < 0 || r.num_blocks() > num_blocks) {
@@ -488,15 +496,26 @@ absl::StatusOr<kv1::FreeResponse> Session::Free(kv1::FreeRequest request) {
 absl::StatusOr<kv1::FreeResponse> Session::Free(
     absl::Span<const int64_t> block_ids, const std::string& request_id) {
   PlainMutexLock lock(&mu_);
-  av1::Frame* f = NewRequest();
-  kv1::FreeRequest* request = f->mutable_free();
+  attach::RecycleFrameArena(&frames_);  // for the reply
+  kv1::FreeRequest* request = free_request_.mutable_free();
+  request->clear_block_ids();
+  request->clear_block_runs();
   // Runs where they are shorter: scattered ids stay a list.
   if (!runs_ || !BlockRunsIfShorter(block_ids, request->mutable_block_runs())) {
     request->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
   }
-  if (!request_id.empty()) request->set_request_id(request_id);
-  absl::StatusOr<const av1::Frame*> reply =
-      CallAttached(f, av1::Frame::kFreeReply, "a Free reply");
+  if (request_id.empty()) {
+    request->clear_request_id();
+  } else {
+    request->set_request_id(request_id);
+  }
+  absl::StatusOr<const av1::Frame*> reply = CallAttached(
+      &free_request_, av1::Frame::kFreeReply, "a Free reply");
+  // What a large Free made room for is not kept.
+  if (request->block_ids().Capacity() > kKeptRequestIds ||
+      request->block_runs().Capacity() > kKeptRequestIds) {
+    free_request_.Clear();
+  }
   if (!reply.ok()) return reply.status();
   return (*reply)->free_reply();
 }

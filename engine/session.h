@@ -272,6 +272,11 @@ class Session {
   // The frames of the call in progress (attach/frame.h, kFrameArenaBytes).
   alignas(std::max_align_t) char frame_block_[attach::kFrameArenaBytes];
   google::protobuf::Arena frames_ ABSL_GUARDED_BY(mu_);
+  // The request frames of Alloc(n) and Free(ids), kept from call to call
+  // (on the heap, with their bodies and repeated fields) so that those
+  // calls build no request: each sets every field it sends.
+  attach::v1::Frame alloc_request_ ABSL_GUARDED_BY(mu_);
+  attach::v1::Frame free_request_ ABSL_GUARDED_BY(mu_);
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   attach::v1::SessionEndReason end_reason_ ABSL_GUARDED_BY(mu_) =

@@ -363,6 +363,59 @@ TEST_F(SessionTest, AllocIntoWritesTheCallersRoomAndNoFurther) {
   EXPECT_THAT(room, ElementsAre(-1, -1, -1, -1));
 }
 
+// Alloc(n) and Free(ids) reuse their request frames: nothing a call set
+// (a request id, a list of ids, runs) reaches the next one.
+TEST_F(SessionTest, KeptRequestFramesCarryNothingOver) {
+  Open({2, 3}, absl::Seconds(5), absl::ZeroDuration(), /*version=*/2);
+  std::vector<av1::Frame> seen;
+  std::thread daemon([&] {
+    for (int call = 0; call < 6; ++call) {
+      ReceivedFrame got = peer_.Next();
+      seen.push_back(got.frame);
+      av1::Frame reply;
+      reply.set_seq(got.frame.seq());
+      if (got.frame.has_alloc()) {
+        kv1::AllocResponse* r = reply.mutable_alloc_reply();
+        r->set_num_blocks(got.frame.alloc().num_blocks());
+        r->add_block_runs(5);
+        r->add_block_runs(got.frame.alloc().num_blocks());
+      } else {
+        reply.mutable_free_reply()->set_freed_blocks(1);
+      }
+      peer_.Send(reply);
+    }
+  });
+  auto a1 = session_->Alloc(2, "first");
+  auto a2 = session_->Alloc(3);
+  const std::vector<int64_t> scattered = {5, 9, 13};
+  auto f1 = session_->Free(scattered, "gone");
+  const std::vector<int64_t> run = {5, 6, 7};
+  auto f2 = session_->Free(run);
+  auto f3 = session_->Free(scattered);
+  auto a3 = session_->Alloc(1, "third");
+  daemon.join();
+  ASSERT_TRUE(a1.ok() && a2.ok() && f1.ok() && f2.ok() && f3.ok() && a3.ok());
+  ASSERT_EQ(seen.size(), 6u);
+  EXPECT_EQ(seen[0].alloc().request_id(), "first");
+  EXPECT_EQ(seen[1].alloc().request_id(), "");
+  EXPECT_EQ(seen[1].alloc().num_blocks(), 3);
+  EXPECT_TRUE(seen[1].alloc().block_runs());
+  EXPECT_THAT(seen[2].free().block_ids(), ElementsAre(5, 9, 13));
+  EXPECT_THAT(seen[2].free().block_runs(), IsEmpty());
+  EXPECT_EQ(seen[2].free().request_id(), "gone");
+  EXPECT_THAT(seen[3].free().block_ids(), IsEmpty());
+  EXPECT_THAT(seen[3].free().block_runs(), ElementsAre(5, 3));
+  EXPECT_EQ(seen[3].free().request_id(), "");
+  EXPECT_THAT(seen[4].free().block_ids(), ElementsAre(5, 9, 13));
+  EXPECT_THAT(seen[4].free().block_runs(), IsEmpty());
+  EXPECT_EQ(seen[5].alloc().request_id(), "third");
+  EXPECT_EQ(seen[5].alloc().num_blocks(), 1);
+  // Sequence numbers still move on with every call.
+  for (size_t i = 1; i < seen.size(); ++i) {
+    EXPECT_GT(seen[i].seq(), seen[i - 1].seq());
+  }
+}
+
 // With reply_spin the call polls before it sleeps: a reply inside the spin
 // and one long after it (the peer waits 20 ms) both arrive, and an event
 // sent ahead of the reply is handled first, as without the spin.
