@@ -31,6 +31,7 @@ namespace {
 namespace kv1 = ::kvbroker::v1;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using engine::AttachOptions;
 using engine::ConnectOptions;
 
@@ -381,6 +382,55 @@ TEST_F(AttachServerTest, BlockRunsOnTheSession) {
   auto last = s->Free(rest);
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_EQ(last->freed_blocks(), 5);
+  EXPECT_EQ(Allocated(), 0);
+}
+
+// The daemon keeps its Alloc and Free reply frames from request to
+// request: nothing of one reply (pages, runs, a replay, an error) shows in
+// the next.
+TEST_F(AttachServerTest, KeptRepliesCarryNothingOver) {
+  StartServer();
+  auto s = Attached("engine-a");
+  ASSERT_NE(s, nullptr);
+  kv1::AllocRequest by_pages;
+  by_pages.set_num_blocks(10);
+  by_pages.set_request_id("ten");
+  auto ten = s->Alloc(by_pages);
+  ASSERT_TRUE(ten.ok()) << ten.status();
+  EXPECT_EQ(ten->pages_size(), 2);  // 8 blocks per page
+  EXPECT_THAT(ten->block_runs(), IsEmpty());
+  auto again = s->Alloc(by_pages);  // a replay
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->replayed());
+  kv1::AllocRequest by_runs;
+  by_runs.set_num_blocks(3);
+  by_runs.set_block_runs(true);
+  auto three = s->Alloc(by_runs);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->pages_size(), 0);
+  EXPECT_THAT(three->block_runs(), ElementsAre(10, 3));
+  EXPECT_FALSE(three->replayed());
+  EXPECT_EQ(three->num_blocks(), 3);
+  kv1::AllocRequest one;
+  one.set_num_blocks(1);
+  auto single = s->Alloc(one);
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_EQ(single->pages_size(), 1);
+  EXPECT_THAT(single->pages(0).block_ids(), ElementsAre(13));
+  EXPECT_THAT(single->block_runs(), IsEmpty());
+  // A refused Free, then Frees that succeed.
+  const std::vector<int64_t> foreign = {40};
+  EXPECT_EQ(GetReason(s->Free(foreign).status()),
+            FailureReason::kBlockNotAllocated);
+  const std::vector<int64_t> first_ten = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  auto freed = s->Free(first_ten);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(freed->freed_blocks(), 10);
+  EXPECT_FALSE(freed->replayed());
+  const std::vector<int64_t> rest = {10, 11, 12, 13};
+  auto last = s->Free(rest);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->freed_blocks(), 4);
   EXPECT_EQ(Allocated(), 0);
 }
 

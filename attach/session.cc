@@ -28,6 +28,9 @@ constexpr size_t kRememberedFrees = 1024;
 // outbox and its pool again (SO_RCVTIMEO): the longest a frame that could
 // not be sent at once, or a deleted pool's end, waits for it.
 constexpr absl::Duration kIdleTick = absl::Milliseconds(100);
+// The largest Alloc whose reply frame is kept for the next (its ids, as
+// pages for a version-1 engine, take 8 KiB at most).
+constexpr int64_t kKeptReplyBlocks = 1024;
 
 bool ValidHolder(absl::string_view holder) {
   if (holder.empty() || holder.size() > kMaxHolderLength) return false;
@@ -150,6 +153,19 @@ void AttachServer::Session::Reply(uint64_t seq, const absl::Status& failure) {
   Reply(seq, failure, NewFrame());
 }
 
+v1::Frame* AttachServer::Session::ReplyFrame(v1::Frame::BodyCase request) {
+  switch (request) {
+    case v1::Frame::kAlloc:
+      alloc_reply_.mutable_alloc_reply()->Clear();
+      return &alloc_reply_;
+    case v1::Frame::kFree:
+      free_reply_.mutable_free_reply()->Clear();
+      return &free_reply_;
+    default:
+      return NewFrame();
+  }
+}
+
 bool AttachServer::Session::Handle(const v1::Frame& f) {
   const uint64_t seq = f.seq();
   seq_ = seq;
@@ -158,7 +174,7 @@ bool AttachServer::Session::Handle(const v1::Frame& f) {
                                "the first message must be Hello"));
     return true;
   }
-  v1::Frame* const out = NewFrame();
+  v1::Frame* const out = ReplyFrame(f.body_case());
   switch (f.body_case()) {
     case v1::Frame::kHello:
       Reply(seq, OnHello(f.hello(), out), out);
@@ -168,6 +184,7 @@ bool AttachServer::Session::Handle(const v1::Frame& f) {
       return true;
     case v1::Frame::kAlloc:
       Reply(seq, OnAlloc(f.alloc(), out), out);
+      if (f.alloc().num_blocks() > kKeptReplyBlocks) alloc_reply_.Clear();
       return true;
     case v1::Frame::kFree: Reply(seq, OnFree(f.free(), out), out); return true;
     case v1::Frame::kReserve:

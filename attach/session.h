@@ -125,6 +125,9 @@ class AttachServer::Session {
   v1::Frame* NewFrame() {
     return google::protobuf::Arena::CreateMessage<v1::Frame>(&frames_);
   }
+  // The frame to answer a request of kind `request` in: the kept reply of
+  // an Alloc or a Free (its body cleared, its room kept), else NewFrame().
+  v1::Frame* ReplyFrame(v1::Frame::BodyCase request);
 
   AttachServer* const server_;
   const uint64_t id_;
@@ -135,6 +138,11 @@ class AttachServer::Session {
   // before a receive. Touched only by the session's thread.
   alignas(std::max_align_t) char frame_block_[kFrameArenaBytes];
   google::protobuf::Arena frames_;
+  // The replies of Alloc and Free, the usual requests, kept from request to
+  // request on the heap so that those build no reply frame (ReplyFrame). An
+  // Alloc reply that grew past kKeptReplyBlocks ids is dropped after use.
+  v1::Frame alloc_reply_;
+  v1::Frame free_reply_;
 
   // Session state, touched only by the session's thread (holder_, pid_,
   // grace_ and pool_name_ are also read by Sessions(), after being written
