@@ -58,6 +58,12 @@ class SeqLock {
   // What the writer last published. REQUIRES: the owner's lock.
   const T& last() const { return last_; }
 
+  // The sequence number: even while no publication is under way, moved by
+  // two by each one that changed something.
+  uint64_t sequence_for_testing() const {
+    return shared_.seq.load(std::memory_order_acquire);
+  }
+
   // The last published value, consistent as a whole.
   T Read() const {
     std::array<int64_t, kWords> w;
