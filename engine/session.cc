@@ -404,7 +404,8 @@ absl::StatusOr<const kv1::AllocResponse*> Session::CallAlloc(
   attach::RecycleFrameArena(&frames_);  // for the reply
   kv1::AllocRequest* request = alloc_request_.mutable_alloc();
   request->set_num_blocks(num_blocks);
-  // An empty id is proto3's default: setting it would only allocate.
+  // An empty id is proto3's default and is not sent; clearing it keeps the
+  // string's room for the next id.
   if (request_id.empty()) {
     request->clear_request_id();
   } else {
