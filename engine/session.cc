@@ -433,24 +433,22 @@ namespace {
 absl::Status WriteAllocIds(const kv1::AllocResponse& r,
                            absl::Span<int64_t> out) {
   size_t at = 0;
-  absl::Status runs;
+  absl::Status why;  // what made the list wrong, when it is
   for (const kv1::PageBlocks& p : r.pages()) {
     const size_t n = static_cast<size_t>(p.block_ids_size());
     if (n > out.size() - at) {
-      runs = absl::InvalidArgumentError("its pages list more");
+      why = absl::InvalidArgumentError("its pages list more");
       break;
     }
     std::copy(p.block_ids().begin(), p.block_ids().end(), out.begin() + at);
     at += n;
   }
-  if (runs.ok()) {
-    runs = WriteBlockRuns(r.block_runs(), out.subspan(at), &at);
-  }
-  if (!runs.ok() || at != out.size()) {
+  if (why.ok()) why = WriteBlockRuns(r.block_runs(), out.subspan(at), &at);
+  if (!why.ok() || at != out.size()) {
     return ProtocolFailure(
         av1::MALFORMED_FRAME,
         absl::StrCat("the daemon's Alloc reply says ", r.num_blocks(),
-                     " blocks and lists ", at, " ", runs.message()));
+                     " blocks and lists ", at, " ", why.message()));
   }
   return absl::OkStatus();
 }
