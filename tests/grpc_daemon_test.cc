@@ -636,10 +636,10 @@ TEST(KvbrokerdProcess, SigtermDrainsAndExitsZero) {
       << line;
   EXPECT_TRUE(absl::StrContains(line, absl::StrCat("unix:", socket))) << line;
 
-  auto tcp = std::make_unique<Client>(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-  auto unix = std::make_unique<Client>(grpc::CreateChannel(
-      absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
+  auto tcp = std::make_unique<Client>(
+      ConnectedChannel(absl::StrCat("127.0.0.1:", port)));
+  auto unix =
+      std::make_unique<Client>(ConnectedChannel(absl::StrCat("unix:", socket)));
   // The example pools file's seed case.
   EXPECT_EQ(tcp->Cap("demo").available_blocks(), 3);
   EXPECT_TRUE(IsRefusal(unix->Alloc("demo", 4).status,

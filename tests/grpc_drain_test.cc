@@ -94,8 +94,7 @@ TEST(Drain, InFlightCallsFinishAndArrivingCallsGetDraining) {
       Daemon::Create(&backend, broker_options, options);
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   ASSERT_TRUE((*daemon)->Start().ok());
-  auto channel = grpc::CreateChannel((*daemon)->tcp_address(),
-                                     grpc::InsecureChannelCredentials());
+  auto channel = ConnectedChannel((*daemon)->tcp_address());
   Client c(channel);
   ASSERT_TRUE(c.CreatePool(Spec("p", MiB(2), KiB(512), 16)).ok());
   // The Alloc below holds p's lock while it maps; the test probes q.

@@ -202,8 +202,7 @@ TEST(CreatePoolRace, ADeleteBeforeTheReplyDoesNotUndoTheAnswer) {
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   ASSERT_TRUE((*daemon)->Start().ok());
   broker = (*daemon)->broker();
-  Client c(grpc::CreateChannel((*daemon)->tcp_address(),
-                               grpc::InsecureChannelCredentials()));
+  Client c(ConnectedChannel((*daemon)->tcp_address()));
 
   armed = true;
   auto created = c.CreatePool(Spec("racy", MiB(2), KiB(512), 16));

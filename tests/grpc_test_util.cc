@@ -125,10 +125,7 @@ Rig::~Rig() {
   RemoveSocketPath(unix_path);
 }
 
-std::shared_ptr<grpc::Channel> Rig::Channel(Transport transport) const {
-  const std::string target = transport == Transport::kTcp
-                                 ? daemon->tcp_address()
-                                 : daemon->unix_address();
+std::shared_ptr<grpc::Channel> ConnectedChannel(const std::string& target) {
   // A connection of its own, not shared with other channels to the target.
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
@@ -140,9 +137,9 @@ std::shared_ptr<grpc::Channel> Rig::Channel(Transport transport) const {
   // whose first connection attempt failed fails at once with UNAVAILABLE
   // until the reconnect backoff has passed, and under CI load one such
   // attempt failed ("failed to connect to all addresses ... No such file
-  // or directory") and with it every call of two of concurrency_test's
-  // clients. Here a failed attempt is retried; a daemon that cannot be
-  // reached for 30 s still fails the test.
+  // or directory"), in concurrency_test and in sigterm_load_test. Here a
+  // failed attempt is retried; a daemon that cannot be reached for 30 s
+  // still fails the test.
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::seconds(30);
   if (!channel->WaitForConnected(deadline)) {
@@ -150,6 +147,12 @@ std::shared_ptr<grpc::Channel> Rig::Channel(Transport transport) const {
                   << channel->GetState(false) << ")";
   }
   return channel;
+}
+
+std::shared_ptr<grpc::Channel> Rig::Channel(Transport transport) const {
+  return ConnectedChannel(transport == Transport::kTcp
+                              ? daemon->tcp_address()
+                              : daemon->unix_address());
 }
 
 void Rig::LeaveFree(int device, Bytes free) {

@@ -60,6 +60,11 @@ std::shared_ptr<const AccessPolicy> PolicyOf(
 std::string NewSocketPath();
 void RemoveSocketPath(const std::string& path);
 
+// A new channel to `target` ("host:port" or "unix:path") on a connection of
+// its own, already connected: a failed first attempt is retried for up to
+// 30 s, then reported with ADD_FAILURE.
+std::shared_ptr<grpc::Channel> ConnectedChannel(const std::string& target);
+
 enum class Transport { kTcp, kUnix };
 std::string TransportName(const ::testing::TestParamInfo<Transport>& info);
 

@@ -296,8 +296,7 @@ TEST(Log, RefusedCallsCannotForgeOrFloodTheLog) {
   constexpr char kForged[] =
       "evil\nkvbrokerd 2099-01-01T00:00:00.000Z FORGED\0tail";
   const std::string pool(kForged, sizeof(kForged) - 1);
-  Client c(grpc::CreateChannel(absl::StrCat("unix:", socket),
-                               grpc::InsecureChannelCredentials()));
+  Client c(ConnectedChannel(absl::StrCat("unix:", socket)));
   for (int i = 0; i < 1000; ++i) {  // no token: refused before anything
     EXPECT_TRUE(
         IsRefusal(c.Capacity(pool).status, FailureReason::kUnauthenticated));

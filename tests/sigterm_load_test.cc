@@ -163,13 +163,11 @@ TEST(SigtermUnderLoad, CallsInFlightFinishAndArrivalsAreToldToRetry) {
   ASSERT_FALSE(serving.empty()) << daemon.Stderr();
   const int port = DaemonProcess::PortOf(serving);
   ASSERT_GT(port, 0) << serving;
+  // Each thread on a connection of its own, connected before any call: a
+  // failed connection attempt before the signal says nothing of draining.
   auto channel = [&](int i) {
-    grpc::ChannelArguments args;
-    args.SetInt("kvbroker.test.channel", i);  // a connection of its own
-    return grpc::CreateCustomChannel(i % 2 == 0
-                                         ? absl::StrCat("127.0.0.1:", port)
-                                         : absl::StrCat("unix:", socket),
-                                     grpc::InsecureChannelCredentials(), args);
+    return ConnectedChannel(i % 2 == 0 ? absl::StrCat("127.0.0.1:", port)
+                                       : absl::StrCat("unix:", socket));
   };
   ASSERT_TRUE(
       Client(channel(0)).CreatePool(Spec("load", MiB(2), MiB(1), 256)).ok());

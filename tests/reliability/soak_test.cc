@@ -70,6 +70,7 @@ namespace kvbroker {
 namespace {
 
 using ::kvbroker::testing::Client;
+using ::kvbroker::testing::ConnectedChannel;
 using ::kvbroker::testing::Ids;
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -401,9 +402,8 @@ Samples Phase(Daemon& daemon, int64_t calls, uint64_t seed, Ledger* ledger,
               Counters* counters) {
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < 8; ++i) {
-    clients.push_back(std::make_unique<Client>(
-        grpc::CreateChannel(i % 2 == 0 ? daemon.tcp() : daemon.unix_address(),
-                            grpc::InsecureChannelCredentials())));
+    clients.push_back(std::make_unique<Client>(ConnectedChannel(
+        i % 2 == 0 ? daemon.tcp() : daemon.unix_address())));
   }
   absl::Notification stop;
   Samples samples;
@@ -444,8 +444,7 @@ TEST(Soak, LoadWatchersChurnAndRestarts) {
     Daemon daemon(socket);
     ASSERT_FALSE(daemon.tcp().empty()) << daemon.start_line();
     {
-      Client admin(grpc::CreateChannel(daemon.tcp(),
-                                       grpc::InsecureChannelCredentials()));
+      Client admin(ConnectedChannel(daemon.tcp()));
       // The pools file came back with the restart; the gRPC-made ones did not.
       ASSERT_TRUE(admin.GetPool("demo").ok());
       for (const char* name : {"soak0", "soak1"}) {
@@ -456,8 +455,8 @@ TEST(Soak, LoadWatchersChurnAndRestarts) {
                         .ok());
       }
     }
-    std::unique_ptr<Client> probe = std::make_unique<Client>(
-        grpc::CreateChannel(daemon.tcp(), grpc::InsecureChannelCredentials()));
+    std::unique_ptr<Client> probe =
+        std::make_unique<Client>(ConnectedChannel(daemon.tcp()));
     // Descriptors beyond the pools' handles, with one client connected.
     auto overhead = [&] {
       return daemon.OpenFds() - MappedHandles(probe.get());
