@@ -53,14 +53,15 @@ std::shared_ptr<grpc::Channel> TlsChannel(const Rig& rig,
                                           bool client_cert = true) {
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = ReadTestFile("ca.pem");
-  if (client_cert) {
-    ssl.pem_private_key = ReadTestFile("client.key");
-    ssl.pem_cert_chain = ReadTestFile("client.pem");
+  if (!client_cert) {  // refused in the handshake: it never connects
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.use_local_subchannel_pool", 1);
+    return grpc::CreateCustomChannel(rig.daemon->tcp_address(),
+                                     grpc::SslCredentials(ssl), args);
   }
-  grpc::ChannelArguments args;
-  args.SetInt("grpc.use_local_subchannel_pool", 1);
-  return grpc::CreateCustomChannel(rig.daemon->tcp_address(),
-                                   grpc::SslCredentials(ssl), args);
+  ssl.pem_private_key = ReadTestFile("client.key");
+  ssl.pem_cert_chain = ReadTestFile("client.pem");
+  return ConnectedChannel(rig.daemon->tcp_address(), grpc::SslCredentials(ssl));
 }
 
 // One call with `token` (none when empty) in the authorization header.
@@ -296,10 +297,7 @@ std::shared_ptr<grpc::Channel> IdentityChannel(const Rig& rig,
   ssl.pem_root_certs = ReadIdentityFile("ca.pem");
   ssl.pem_private_key = ReadIdentityFile(who + ".key");
   ssl.pem_cert_chain = ReadIdentityFile(who + ".pem");
-  grpc::ChannelArguments args;
-  args.SetInt("grpc.use_local_subchannel_pool", 1);
-  return grpc::CreateCustomChannel(rig.daemon->tcp_address(),
-                                   grpc::SslCredentials(ssl), args);
+  return ConnectedChannel(rig.daemon->tcp_address(), grpc::SslCredentials(ssl));
 }
 
 TEST(GrpcIdentities, ACertificateFromTheRightCaIsNotEnoughByItself) {

@@ -125,14 +125,19 @@ Rig::~Rig() {
   RemoveSocketPath(unix_path);
 }
 
-std::shared_ptr<grpc::Channel> ConnectedChannel(const std::string& target) {
+std::shared_ptr<grpc::Channel> ConnectedChannel(
+    const std::string& target,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   // A connection of its own, not shared with other channels to the target.
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      target, grpc::InsecureChannelCredentials(), args);
+      target,
+      credentials != nullptr ? std::move(credentials)
+                             : grpc::InsecureChannelCredentials(),
+      args);
   // Handed out connected. The tests are about calls: a call on a channel
   // whose first connection attempt failed fails at once with UNAVAILABLE
   // until the reconnect backoff has passed, and under CI load one such

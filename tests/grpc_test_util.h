@@ -62,8 +62,10 @@ void RemoveSocketPath(const std::string& path);
 
 // A new channel to `target` ("host:port" or "unix:path") on a connection of
 // its own, already connected: a failed first attempt is retried for up to
-// 30 s, then reported with ADD_FAILURE.
-std::shared_ptr<grpc::Channel> ConnectedChannel(const std::string& target);
+// 30 s, then reported with ADD_FAILURE. Plaintext unless `credentials`.
+std::shared_ptr<grpc::Channel> ConnectedChannel(
+    const std::string& target,
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 enum class Transport { kTcp, kUnix };
 std::string TransportName(const ::testing::TestParamInfo<Transport>& info);

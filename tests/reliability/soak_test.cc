@@ -402,8 +402,8 @@ Samples Phase(Daemon& daemon, int64_t calls, uint64_t seed, Ledger* ledger,
               Counters* counters) {
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < 8; ++i) {
-    clients.push_back(std::make_unique<Client>(ConnectedChannel(
-        i % 2 == 0 ? daemon.tcp() : daemon.unix_address())));
+    clients.push_back(std::make_unique<Client>(
+        ConnectedChannel(i % 2 == 0 ? daemon.tcp() : daemon.unix_address())));
   }
   absl::Notification stop;
   Samples samples;
