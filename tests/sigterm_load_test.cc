@@ -158,7 +158,11 @@ TEST(SigtermUnderLoad, CallsInFlightFinishAndArrivalsAreToldToRetry) {
   DaemonProcess daemon({"--backend=host", "--listen=127.0.0.1:0",
                         absl::StrCat("--unix_socket=", socket),
                         "--min_idle_pages=0", "--host_device_memory=1GiB",
-                        "--drain_timeout=60s"});
+                        "--drain_timeout=60s",
+                        // Refusals go on until arrivals pause this long: a
+                        // thread that read "not signalled" and was then
+                        // descheduled still meets the draining daemon.
+                        "--drain_quiet=5s"});
   const std::string serving = daemon.WaitServing();
   ASSERT_FALSE(serving.empty()) << daemon.Stderr();
   const int port = DaemonProcess::PortOf(serving);
