@@ -179,6 +179,24 @@ class KvBrokerClient:
             (("authorization", f"Bearer {token}"),) if token else ())
         self._stub = pb_grpc.KvBrokerStub(self._channel)
 
+    def wait_ready(self, timeout: Optional[Seconds] = None) -> None:
+        """Blocks until the channel has a connection to the daemon, trying
+        again meanwhile (a daemon still starting, a first attempt that
+        failed), for at most ``timeout`` (default: the client's). Useful
+        before a first call that is not retried, such as ``create_pool``:
+        a call on a channel whose attempt just failed fails at once.
+        Raises TransportError (UNAVAILABLE) when no connection came."""
+        wait = self.timeout if timeout is None else _seconds(timeout)
+        ready = grpc.channel_ready_future(self._channel)
+        try:
+            ready.result(timeout=wait)
+        except grpc.FutureTimeoutError:
+            raise errors.TransportError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"no connection to {self.target} within {wait:g} s") from None
+        finally:
+            ready.cancel()
+
     def close(self) -> None:
         """Closes the channel; calls in flight end CANCELLED."""
         self._channel.close()

@@ -62,8 +62,12 @@ class Daemon:
         return self._out.read_text() + self._err.read_text()
 
     def client(self, transport: str = "unix", **options) -> KvBrokerClient:
+        """A client already connected: a first call that is not retried
+        (create_pool) must not meet a failed first connection attempt."""
         target = self.unix if transport == "unix" else self.tcp
-        return KvBrokerClient(target, **options)
+        client = KvBrokerClient(target, **options)
+        client.wait_ready(START_TIMEOUT_S)
+        return client
 
     def stop(self) -> int:
         """SIGTERM, then the exit status (the daemon drains and exits 0)."""

@@ -29,6 +29,7 @@ def proxy(daemon):
 @pytest.fixture
 def kvb(proxy):
     with KvBrokerClient(proxy.target, retry=FAST) as client:
+        client.wait_ready(30)  # connects; sends no call the proxy counts
         yield client
 
 
@@ -191,3 +192,30 @@ def test_a_daemon_that_is_not_up_yet(pool_name):
     assert late.stop() == 0
     assert "error" not in result, result
     assert result["pools"] == []
+
+
+def test_wait_ready_waits_for_a_starting_daemon_and_times_out(pool_name):
+    workdir = short_tmpdir("kvbpy-")
+    target = f"unix:{workdir}/kvbrokerd.sock"
+    with KvBrokerClient(target, channel_options=[
+            ("grpc.initial_reconnect_backoff_ms", 50),
+            ("grpc.max_reconnect_backoff_ms", 200)]) as kvb:
+        # Nothing listens yet: UNAVAILABLE once the timeout has passed.
+        with pytest.raises(kvbroker.TransportError) as info:
+            kvb.wait_ready(0.3)
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert target in str(info.value)
+
+        # A daemon that comes up while the client waits is connected to,
+        # and a first call that is never retried then goes through.
+        started = []
+        starter = threading.Timer(
+            0.2, lambda: started.append(Daemon(workdir, [])))
+        starter.start()
+        kvb.wait_ready(60)
+        starter.join()
+        kvb.create_pool(pool_name, page_size=2 * MiB, block_bytes=2 * MiB,
+                        max_blocks=1)
+        assert kvb.capacity(pool_name).available_blocks == 1
+    # Stopped after the client closed, as above.
+    assert started[0].stop() == 0
