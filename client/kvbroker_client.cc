@@ -192,6 +192,18 @@ std::unique_ptr<KvBrokerClient> KvBrokerClient::FromChannel(
       new KvBrokerClient(std::move(channel), std::move(options)));
 }
 
+absl::Status KvBrokerClient::WaitReady(
+    std::optional<absl::Duration> timeout) const {
+  const absl::Duration wait = timeout.value_or(options_.timeout);
+  if (channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + wait))) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(
+      absl::StrCat("no connection to ",
+                   options_.target.empty() ? "the server" : options_.target,
+                   " within ", absl::FormatDuration(wait)));
+}
+
 absl::Time KvBrokerClient::DeadlineOf(const CallOptions& call) const {
   return call.deadline.has_value() ? *call.deadline
                                    : absl::Now() + options_.timeout;

@@ -247,6 +247,15 @@ class KvBrokerClient {
 
   const ClientOptions& options() const { return options_; }
 
+  // Blocks until the channel holds a connection to the daemon, trying again
+  // meanwhile (a daemon still starting, a first attempt that failed), for at
+  // most `timeout` (default: ClientOptions::timeout). Worth calling before a
+  // first call that is sent once, such as CreatePool: on a channel whose
+  // last attempt failed, a call fails at once until the reconnect backoff
+  // has passed. UNAVAILABLE (no kvbroker reason) naming the target when no
+  // connection came in time.
+  absl::Status WaitReady(std::optional<absl::Duration> timeout = {}) const;
+
   // Pool lifecycle. Reasons: CreatePool INVALID_ARGUMENT, INVALID_GEOMETRY,
   // POOL_ALREADY_EXISTS, GPU_MEMORY_EXHAUSTED, MAPPING_FAILED; GetPool,
   // DeletePool POOL_NOT_FOUND; DeletePool POOL_NOT_EMPTY unless `force`.

@@ -6,11 +6,14 @@
 #include "client/kvbroker_client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <deque>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -330,6 +333,47 @@ TEST(ConnectTest, NoServerIsUnavailableWithoutReason) {
   absl::StatusOr<v1::CapacitySnapshot> c = (*client)->Capacity("demo");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(GetKvbReason(c.status()), v1::REASON_UNSPECIFIED);
+}
+
+TEST(ConnectTest, WaitReadyWaitsForAStartingServerAndTimesOut) {
+  // Under /tmp: a Unix socket's path has at most 107 bytes.
+  char dir[] = "/tmp/kvbc-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = absl::StrCat(dir, "/kvbrokerd.sock");
+  ClientOptions o;
+  o.target = "unix:" + path;
+  auto client = KvBrokerClient::Connect(o);
+  ASSERT_TRUE(client.ok());
+
+  // Nothing listens: UNAVAILABLE, no kvbroker reason, naming the target.
+  const absl::Time start = absl::Now();
+  absl::Status none = (*client)->WaitReady(absl::Milliseconds(300));
+  EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(GetKvbReason(none), v1::REASON_UNSPECIFIED);
+  EXPECT_THAT(std::string(none.message()), ::testing::HasSubstr(o.target));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+
+  // The server starts while the client waits; after WaitReady, a call that
+  // is sent once goes through (on a channel whose last attempt failed it
+  // would fail at once).
+  ScriptedService service;
+  std::unique_ptr<grpc::Server> server;
+  std::thread starter([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(o.target, grpc::InsecureServerCredentials());
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  });
+  absl::Status ready = (*client)->WaitReady(absl::Seconds(30));
+  starter.join();
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(ready.ok()) << ready;
+  EXPECT_TRUE((*client)->CreatePool(v1::PoolSpec()).ok());
+  EXPECT_THAT(service.seen(), SizeIs(1));
+  server->Shutdown();
+  unlink(path.c_str());
+  rmdir(dir);
 }
 
 // --- Retries ---------------------------------------------------------------
