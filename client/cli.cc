@@ -59,6 +59,10 @@ ABSL_FLAG(bool, json, false,
           "int64 values as strings); errors as a google.rpc.Status on stderr.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
           "Deadline of each command's RPC, retries included (e.g. 500ms, 5s).");
+ABSL_FLAG(absl::Duration, wait, absl::ZeroDuration(),
+          "Before the command, wait up to this long for a connection to "
+          "kvbrokerd (a daemon still starting: scripts, init containers); "
+          "none in time exits as UNAVAILABLE does. 0: do not wait.");
 ABSL_FLAG(std::string, token, "",
           "Bearer token sent as 'authorization: Bearer TOKEN'. Empty: the "
           "KVBROKER_TOKEN environment variable, which keeps the secret out of "
@@ -732,13 +736,13 @@ const std::vector<Command>& Commands() {
 }
 
 constexpr const char* kGlobalFlags[] = {
-    "server", "json",     "timeout", "token",           "tls",
-    "tls_ca", "tls_cert", "tls_key", "tls_server_name",
+    "server", "json",   "timeout",  "wait",    "token",
+    "tls",    "tls_ca", "tls_cert", "tls_key", "tls_server_name",
 };
 
 void PrintHelp() {
   std::cout << "usage: kvbrokerctl [--server=ADDR] [--json] [--timeout=10s] "
-               "COMMAND [ARGS] [FLAGS]\n\ncommands:\n";
+               "[--wait=30s] COMMAND [ARGS] [FLAGS]\n\ncommands:\n";
   for (const Command& c : Commands()) {
     std::cout << absl::StrFormat("  %-12s %-18s %s\n", c.name, c.args, c.help);
   }
@@ -898,6 +902,12 @@ int Main(int argc, char** argv) {
       KvBrokerClient::Connect(*std::move(options));
   if (!client.ok()) return Usage(client.status().message());
   ctx.client = client->get();
+  if (const absl::Duration wait = absl::GetFlag(FLAGS_wait);
+      wait > absl::ZeroDuration()) {
+    if (absl::Status ready = ctx.client->WaitReady(wait); !ready.ok()) {
+      return Fail(ready, ctx.json);
+    }
+  }
   return command.run(ctx);
 }
 

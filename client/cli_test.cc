@@ -228,6 +228,48 @@ TEST_F(CliTest, HealthIsServingAndNamesUnknownServices) {
   EXPECT_TRUE(absl::StrContains(r.err, "NOT_FOUND")) << r.err;
 }
 
+// --wait: a script that starts kvbrokerd and creates a pool at once.
+// create-pool is sent once, so without the wait it fails when the daemon
+// is not listening yet.
+TEST_F(CliTest, WaitConnectsToADaemonStillStarting) {
+  const std::string socket = prefix_ + "late.sock";
+  const std::string server = "--server=unix:" + socket;
+  const std::vector<std::string> create = {
+      "client/kvbrokerctl", server,
+      "create-pool",        "late",
+      "--page_size=14MiB",  "--block_bytes=6MiB",
+      "--max_blocks=5"};
+
+  Result r = RunCommand(create);
+  EXPECT_EQ(r.rc, 6) << "UNAVAILABLE: nothing listens yet";
+
+  std::vector<std::string> waiting = create;
+  waiting.insert(waiting.begin() + 2, "--wait=300ms");
+  const absl::Time start = absl::Now();
+  r = RunCommand(waiting);
+  EXPECT_EQ(r.rc, 6) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "no connection to unix:" + socket))
+      << r.err;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+
+  waiting[2] = "--wait=30s";
+  const std::string out = TmpDir() + "/late_ctl.out";
+  const std::string err = TmpDir() + "/late_ctl.err";
+  const pid_t ctl = Spawn(waiting, out, err);
+  absl::SleepFor(absl::Milliseconds(300));
+  const pid_t late = Spawn({"server/kvbrokerd", "--backend=host",
+                            "--listen=", "--unix_socket=" + socket,
+                            "--min_idle_pages=0", "--max_idle_pages=0"},
+                           TmpDir() + "/late.out", TmpDir() + "/late.log");
+  EXPECT_EQ(Wait(ctl), 0) << ReadAll(err);
+  r = RunCommand({"client/kvbrokerctl", server, "--json", "capacity", "late"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(FromJson<v1::CapacitySnapshot>(r.out).available_blocks(), 3)
+      << "the seed case: 5 ids, 3 of them usable";
+  kill(late, SIGTERM);
+  EXPECT_EQ(Wait(late), 0) << ReadAll(TmpDir() + "/late.log");
+}
+
 TEST_F(CliTest, PoolUidGuardsAgainstAReCreatedPool) {
   const std::vector<std::string> create = {
       "create-pool", "u", "--page_size=2MiB", "--block_bytes=512KiB",
