@@ -232,8 +232,9 @@ class CapacityWatch {
 class KvBrokerClient {
  public:
   // Creates the channel (lazily connected: an unreachable server shows up
-  // as UNAVAILABLE on the first call). Errors: INVALID_ARGUMENT for an empty
-  // target or a TLS certificate without its key.
+  // as UNAVAILABLE on the first call, or from WaitReady). Errors:
+  // INVALID_ARGUMENT for an empty target or a TLS certificate without its
+  // key.
   static absl::StatusOr<std::unique_ptr<KvBrokerClient>> Connect(
       ClientOptions options);
 
