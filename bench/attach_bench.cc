@@ -48,6 +48,7 @@
 #include "attach/frame.h"
 #include "attach/testing/child_process.h"
 #include "bench/cpus.h"
+#include "bench/stats.h"
 #include "common/block_runs.h"
 #include "engine/session.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
@@ -131,11 +132,6 @@ void PinProcess(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   if (sched_setaffinity(0, sizeof(set), &set) != 0) Die("sched_setaffinity");
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Sizes {

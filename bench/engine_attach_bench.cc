@@ -53,6 +53,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "attach/testing/child_process.h"
+#include "bench/stats.h"
 #include "engine/session.h"
 #include "engine/testing/device_copy.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
@@ -76,12 +77,6 @@ namespace {
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "engine_attach_bench: %s\n", what.c_str());
   std::exit(1);
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Samples {

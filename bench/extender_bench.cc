@@ -50,6 +50,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/stats.h"
 #include "client/kvbroker_client.h"
 #include "extender/broker_directory.h"
 #include "extender/extender.h"
@@ -89,13 +90,6 @@ constexpr char kPools[] = R"pb(
 size_t Discard(char* /*data*/, size_t size, size_t n, void* /*out*/) {
   return size * n;
 }
-
-double Pct(std::vector<double> v, int q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min<size_t>(v.size() - 1, v.size() * q / 100)];
-}
-
-double Median(std::vector<double> v) { return Pct(std::move(v), 50); }
 
 // CPU time and context switches, summed over processes (all their threads).
 struct CpuUse {
@@ -326,12 +320,13 @@ int Run() {
       for (size_t k : order) t[k].push_back(timed(calls[k]));
       broker_rpcs += rpcs_per_pass;
     }
-    const double base50 = Pct(t[0], 50), base99 = Pct(t[0], 99);
+    const double base50 = Percentile(t[0], 0.5);
+    const double base99 = Percentile(t[0], 0.99);
     for (size_t k = 0; k < series.size(); ++k) {
-      series[k].p50.push_back(Pct(t[k], 50));
-      series[k].p99.push_back(Pct(t[k], 99));
-      series[k].r50.push_back(Pct(t[k], 50) / base50);
-      series[k].r99.push_back(Pct(t[k], 99) / base99);
+      series[k].p50.push_back(Percentile(t[k], 0.5));
+      series[k].p99.push_back(Percentile(t[k], 0.99));
+      series[k].r50.push_back(Percentile(t[k], 0.5) / base50);
+      series[k].r99.push_back(Percentile(t[k], 0.99) / base99);
     }
   }
   const CpuUse brokers_used = ProcessesCpu(broker_pids) - brokers_before;

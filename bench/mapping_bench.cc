@@ -28,6 +28,7 @@
 #include "allocator/device_budget.h"
 #include "allocator/page_pool.h"
 #include "bench/bench_backend.h"
+#include "bench/stats.h"
 
 ABSL_FLAG(std::string, backend, "host", "host or cuda");
 ABSL_FLAG(int, pages, 64, "page ids per round (raw and pool)");
@@ -38,18 +39,6 @@ ABSL_FLAG(double, latency_seconds, 2, "seconds per latency phase");
 
 namespace kvbroker {
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-double Percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
-  return v[i];
-}
 
 [[noreturn]] void Die(const absl::Status& s, const char* what) {
   std::fprintf(stderr, "mapping_bench: %s: %s\n", what, s.ToString().c_str());

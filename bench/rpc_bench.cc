@@ -51,6 +51,7 @@
 #include "allocator/spin_then_lock.h"
 #include "attach/testing/child_process.h"
 #include "bench/proto/ping.grpc.pb.h"
+#include "bench/stats.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
 #include "server/daemon.h"
 #include "server/unary_poller.h"
@@ -154,11 +155,6 @@ class RawPingService final
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "rpc_bench: %s\n", what.c_str());
   std::exit(1);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Keeps `inflight` calls going for `seconds`; `start(done)` issues one call

@@ -76,6 +76,7 @@
 #include "allocator/spin_then_lock.h"
 #include "bench/bench_backend.h"
 #include "bench/cpus.h"
+#include "bench/stats.h"
 
 ABSL_FLAG(std::string, backend, "host", "host or cuda");
 ABSL_FLAG(double, seconds, 4, "seconds of the busy phase (idle: as long)");
@@ -100,13 +101,6 @@ namespace kvbroker {
 namespace {
 
 constexpr int64_t kBlocksPerPage = 32;
-
-double Percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
-  return v[i];
-}
 
 [[noreturn]] void Die(const absl::Status& s, const char* what) {
   std::fprintf(stderr, "same_pool_bench: %s: %s\n", what, s.ToString().c_str());

@@ -27,6 +27,7 @@
 #include "allocator/device_budget.h"
 #include "allocator/page_pool.h"
 #include "bench/bench_backend.h"
+#include "bench/stats.h"
 
 ABSL_FLAG(std::string, backend, "host", "host or cuda");
 ABSL_FLAG(int, blocks, 16, "blocks per Alloc");
@@ -37,11 +38,6 @@ ABSL_FLAG(int, calls, 50, "calls per round and phase");
 
 namespace kvbroker {
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 [[noreturn]] void Die(const absl::Status& s, const char* what) {
   std::fprintf(stderr, "zero_bench: %s: %s\n", what, s.ToString().c_str());
