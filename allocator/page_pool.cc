@@ -78,19 +78,17 @@ PagePool::Acquisition PagePool::BeginAcquireLocked(const Plan& plan,
   return acq;
 }
 
-absl::StatusOr<PagePool::Acquisition> PagePool::AcquireLocked(
-    const Plan& plan, BlockOwner owner, Reservation* reservation,
-    int64_t requested, const std::string& request_id,
-    std::vector<Unmap>* unmaps, std::string* log) {
-  Acquisition acq = BeginAcquireLocked(plan, owner, reservation);
-  if (acq.fresh.empty()) return acq;
+absl::Status PagePool::MapFreshLocked(Acquisition* acq, int64_t requested,
+                                      const std::string& request_id,
+                                      std::vector<Unmap>* unmaps,
+                                      std::string* log) {
+  if (acq->fresh.empty()) return absl::OkStatus();
   // The lock is dropped while the pages map: a retry of this request waits
   // for the outcome (AwaitNotPendingLocked) instead of running twice.
   if (!request_id.empty()) remembered_.MarkPending(request_id);
-  absl::Status s = FinishAcquireLocked(&acq, requested, unmaps, log);
+  absl::Status s = FinishAcquireLocked(acq, requested, unmaps, log);
   if (!request_id.empty()) remembered_.ClearPending(request_id);
-  if (!s.ok()) return s;
-  return acq;
+  return s;
 }
 
 absl::Status PagePool::FinishAcquireLocked(Acquisition* acq, int64_t requested,
@@ -487,11 +485,10 @@ absl::StatusOr<AllocResult> PagePool::Alloc(const AllocRequest& request) {
       absl::StatusOr<Plan> plan =
           PlanLocked(request.num_blocks, from_res, reservation);
       if (!plan.ok()) return plan.status();
-      absl::StatusOr<Acquisition> taken =
-          AcquireLocked(*plan, BlockOwner::kAllocated, reservation,
-                        request.num_blocks, id, &unmaps, &epi.log);
-      if (!taken.ok()) return taken.status();
-      Acquisition& acq = *taken;
+      Acquisition acq =
+          BeginAcquireLocked(*plan, BlockOwner::kAllocated, reservation);
+      KVB_RETURN_IF_ERROR(
+          MapFreshLocked(&acq, request.num_blocks, id, &unmaps, &epi.log));
       if (!request.holder.empty()) {
         KVB_RETURN_IF_ERROR(
             ZeroForHolderLocked(request.holder, &acq, id, &unmaps, &epi.log));
@@ -554,11 +551,10 @@ absl::StatusOr<ReservationInfo> PagePool::Reserve(
       KVB_RETURN_IF_ERROR(CheckUsableLocked(Counted::kYes));
       absl::StatusOr<Plan> plan = PlanLocked(request.num_blocks, 0, nullptr);
       if (!plan.ok()) return plan.status();
-      absl::StatusOr<Acquisition> taken =
-          AcquireLocked(*plan, BlockOwner::kReserved, nullptr,
-                        request.num_blocks, id, &unmaps, &epi.log);
-      if (!taken.ok()) return taken.status();
-      Acquisition& acq = *taken;
+      Acquisition acq =
+          BeginAcquireLocked(*plan, BlockOwner::kReserved, nullptr);
+      KVB_RETURN_IF_ERROR(
+          MapFreshLocked(&acq, request.num_blocks, id, &unmaps, &epi.log));
       std::vector<BlockId> reserved = acq.blocks.Ids();
       std::sort(reserved.begin(), reserved.end());
       const Reservation& r =

@@ -394,13 +394,11 @@ class PagePool {
   absl::Status FinishAcquireLocked(Acquisition* acq, int64_t requested,
                                    std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Begin, then Finish when there are fresh pages to map: what Alloc and
-  // Reserve take, or the typed error with nothing taken. `request_id`'s
-  // entry is pending while the lock is dropped.
-  absl::StatusOr<Acquisition> AcquireLocked(
-      const Plan& plan, BlockOwner owner, Reservation* reservation,
-      int64_t requested, const std::string& request_id,
-      std::vector<Unmap>* unmaps, std::string* log)
+  // FinishAcquireLocked when acq has fresh pages to map (else OK at once),
+  // with `request_id`'s entry pending while the lock is dropped.
+  absl::Status MapFreshLocked(Acquisition* acq, int64_t requested,
+                              const std::string& request_id,
+                              std::vector<Unmap>* unmaps, std::string* log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts acq->from_reservation back at the front of its reservation, or,
   // when the reservation is gone meanwhile, returns them to the pool.
