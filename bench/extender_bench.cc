@@ -320,13 +320,12 @@ int Run() {
       for (size_t k : order) t[k].push_back(timed(calls[k]));
       broker_rpcs += rpcs_per_pass;
     }
-    const double base50 = Percentile(t[0], 0.5);
-    const double base99 = Percentile(t[0], 0.99);
+    // Series 0 is the baseline the others' ratios are taken against.
     for (size_t k = 0; k < series.size(); ++k) {
       series[k].p50.push_back(Percentile(t[k], 0.5));
       series[k].p99.push_back(Percentile(t[k], 0.99));
-      series[k].r50.push_back(Percentile(t[k], 0.5) / base50);
-      series[k].r99.push_back(Percentile(t[k], 0.99) / base99);
+      series[k].r50.push_back(series[k].p50.back() / series[0].p50.back());
+      series[k].r99.push_back(series[k].p99.back() / series[0].p99.back());
     }
   }
   const CpuUse brokers_used = ProcessesCpu(broker_pids) - brokers_before;

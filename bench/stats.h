@@ -1,8 +1,8 @@
 // Order statistics of a benchmark's samples. Every benchmark here reads its
 // medians and tails through these two, so that a p99 in one table of
 // bench/RESULTS.md means what it means in the others: the sample at index
-// floor(q × n) of the n samples sorted (the largest for q near 1), and 0
-// when there are none.
+// floor(q × n) of the n samples sorted (the largest for q = 1), and 0 when
+// there are none.
 
 #ifndef KVBROKER_BENCH_STATS_H_
 #define KVBROKER_BENCH_STATS_H_
