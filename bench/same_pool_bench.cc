@@ -33,7 +33,9 @@
 // touches pool X. Its busy/idle ratios are what the machine alone does to
 // the measured calls (about 1.0 on a quiet machine); the pool's ratios are
 // to be read against them. --pin pins the measured thread and the other
-// thread (mapper or control) to two distinct CPUs of the allowed set.
+// thread (mapper or control) to two distinct CPUs: the first two of the
+// allowed set, or the two --cpus names (to keep them off one core's two
+// hardware threads, or off a CPU that takes the device's interrupts).
 //
 // Two diagnostics tell apart why a measured call waits:
 //   mapper sections  the backend is wrapped in a decorator that timestamps
@@ -67,6 +69,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -87,6 +90,9 @@ ABSL_FLAG(bool, control, false,
           "work outside the pool");
 ABSL_FLAG(bool, pin, false,
           "pin the measured thread and the other thread to distinct CPUs");
+ABSL_FLAG(std::vector<std::string>, cpus, {},
+          "with --pin: the CPUs of the measured thread and of the other "
+          "thread, e.g. 2,3 (default: the first two allowed)");
 ABSL_FLAG(absl::Duration, pool_lock_spin,
           absl::Nanoseconds(kvbroker::SpinThenLock::kDefaultSpinBoundNs),
           "how long a call that finds the pool lock held spins before it "
@@ -110,6 +116,20 @@ constexpr int64_t kBlocksPerPage = 32;
 void Spin(absl::Duration d) {
   for (const absl::Time end = absl::Now() + d; absl::Now() < end;) {
   }
+}
+
+// --cpus when given, else the first two CPUs the process may run on.
+std::pair<int, int> ChosenCpus() {
+  const std::vector<std::string> named = absl::GetFlag(FLAGS_cpus);
+  if (named.empty()) return bench::FirstTwoCpus();
+  int measured, other;
+  if (named.size() != 2 || !absl::SimpleAtoi(named[0], &measured) ||
+      !absl::SimpleAtoi(named[1], &other) || measured < 0 || other < 0 ||
+      measured == other) {
+    Die(absl::InvalidArgumentError("--cpus takes two distinct CPU numbers"),
+        "flags");
+  }
+  return {measured, other};
 }
 
 // Pins the calling thread to `cpu` (nothing for -1).
@@ -362,9 +382,8 @@ int Main() {
   };
 
   const double secs = absl::GetFlag(FLAGS_seconds);
-  const std::pair<int, int> cpus = absl::GetFlag(FLAGS_pin)
-                                       ? bench::FirstTwoCpus()
-                                       : std::pair<int, int>{-1, -1};
+  const std::pair<int, int> cpus =
+      absl::GetFlag(FLAGS_pin) ? ChosenCpus() : std::pair<int, int>{-1, -1};
   PinTo(cpus.first);
   // Idle half, busy with `other` running on its own thread, idle half.
   auto phases = [&](const std::function<void()>& other, Samples* idle,
