@@ -1,5 +1,6 @@
 // The one translation between the allocator's typed failures and gRPC's
-// rich error model (SPEC section 6, style.md 6.7).
+// rich error model (SPEC section 6: google.rpc.Status with ErrorInfo and the
+// other standard details).
 //
 // Server side, ToGrpcStatus turns an absl::Status carrying a kvbroker Failure
 // payload (allocator/failure.h) into

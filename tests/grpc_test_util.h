@@ -4,9 +4,10 @@
 //
 // The rig counts the backend's calls, so a test can prove that a refusal
 // happened before any page was mapped, and injects faults mid-scenario. Its
-// defaults are those of scenarios.md: one 80 GiB device,
-// gpu_memory_utilization 1.0, min_idle_pages = max_idle_pages = 0, and the
-// broker's background worker off (tests drive maintenance by hand).
+// defaults are those of the acceptance scenarios (allocator/scenarios_rig.h):
+// one 80 GiB device, gpu_memory_utilization 1.0, min_idle_pages =
+// max_idle_pages = 0, and the broker's background worker off (tests drive
+// maintenance by hand).
 
 #ifndef KVBROKER_TESTS_GRPC_TEST_UTIL_H_
 #define KVBROKER_TESTS_GRPC_TEST_UTIL_H_
