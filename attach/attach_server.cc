@@ -9,7 +9,6 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -34,67 +33,64 @@ absl::Status Errno(absl::string_view what, int err) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(err)));
 }
 
-// Binds a SOCK_SEQPACKET listener at `path`, replacing a stale socket file
-// and refusing a live one.
-absl::StatusOr<UniqueFd> Listen(const std::string& path) {
+constexpr UnixSocketRole kAttachSocketRole = {SOCK_SEQPACKET,
+                                              "--attach_socket"};
+
+struct Listener {
+  UniqueFd fd;
+  UnixSocketFile file;
+};
+
+// A SOCK_SEQPACKET listener reachable at `path`: bound at the staging path
+// beside it, then published there by a link (common/unix_socket.h).
+absl::StatusOr<Listener> Listen(const std::string& path) {
+  if (absl::Status free = CheckUnixSocketPath(path, kAttachSocketRole);
+      !free.ok()) {
+    return free;
+  }
+  const std::string staging = StagingPath(path);
   sockaddr_un addr = {};
   addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--attach_socket \"", path, "\" is empty or longer than ",
-                     sizeof(addr.sun_path) - 1, " bytes"));
-  }
-  memcpy(addr.sun_path, path.data(), path.size());
-  struct stat st;
-  if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, " exists and is not a socket"));
-    }
-    UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (!probe.valid()) return Errno("socket", errno);
-    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&addr),
-                sizeof(addr)) == 0) {
-      ucred peer = {};
-      socklen_t len = sizeof(peer);
-      std::string who = "another process";
-      if (getsockopt(probe.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0) {
-        who = absl::StrCat("process ", peer.pid);
-      }
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, " is served by ", who, "; not taking it over"));
-    }
-    if (errno != ECONNREFUSED && errno != ENOENT) {
-      return Errno(absl::StrCat("probe ", path), errno);
-    }
-    unlink(path.c_str());  // stale: nobody listens
-  }
+  memcpy(addr.sun_path, staging.data(), staging.size());  // length checked
   UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Errno("socket", errno);
+  // The staging name carries this process's pid: whatever lies there was
+  // left by an earlier process of the same pid.
+  unlink(staging.c_str());
   if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Errno(absl::StrCat("bind ", path), errno);
+    return Errno(absl::StrCat("bind ", staging), errno);
   }
-  if (listen(fd.get(), 128) != 0) return Errno("listen", errno);
-  return fd;
+  if (listen(fd.get(), 128) != 0) {
+    const int err = errno;
+    unlink(staging.c_str());
+    return Errno("listen", err);
+  }
+  absl::StatusOr<UnixSocketFile> file =
+      UnixSocketFile::Publish(staging, path, kAttachSocketRole);
+  if (!file.ok()) return file.status();
+  return Listener{std::move(fd), *std::move(file)};
 }
 
 }  // namespace
 
 AttachServer::AttachServer(Broker* broker, AttachServerOptions options,
-                           UniqueFd listener, UniqueFd wake)
+                           UniqueFd listener, UnixSocketFile socket_file,
+                           UniqueFd wake)
     : broker_(broker),
       options_(std::move(options)),
       listener_(std::move(listener)),
+      socket_file_(std::move(socket_file)),
       wake_(std::move(wake)) {}
 
 absl::StatusOr<std::unique_ptr<AttachServer>> AttachServer::Start(
     Broker* broker, AttachServerOptions options) {
-  absl::StatusOr<UniqueFd> listener = Listen(options.socket_path);
-  if (!listener.ok()) return listener.status();
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return Errno("eventfd", errno);
-  std::unique_ptr<AttachServer> server(new AttachServer(
-      broker, std::move(options), *std::move(listener), std::move(wake)));
+  absl::StatusOr<Listener> listener = Listen(options.socket_path);
+  if (!listener.ok()) return listener.status();
+  std::unique_ptr<AttachServer> server(
+      new AttachServer(broker, std::move(options), std::move(listener->fd),
+                       std::move(listener->file), std::move(wake)));
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
@@ -237,7 +233,7 @@ void AttachServer::Stop() {
     for (auto& [name, h] : holders_) FreeAll(name, h);
     holders_.clear();
   }
-  unlink(options_.socket_path.c_str());
+  socket_file_.Remove();
 }
 
 SessionInfo AttachServer::InfoOf(const Session& s) const {

@@ -28,9 +28,12 @@
 // parked, so an engine that waits for it can reattach at once under the
 // same holder name without meeting its own old session (HOLDER_BUSY).
 //
-// Listener: an existing socket file is replaced only when nobody answers on
-// it; a live server on the path is never taken over (FAILED_PRECONDITION
-// naming its pid). The socket file is removed on Stop.
+// Listener: the path is claimed as the gRPC socket's is
+// (common/unix_socket.h): an existing socket file is replaced only when
+// nobody answers on it, a live server on the path is never taken over
+// (FAILED_PRECONDITION naming its pid), two servers racing for a free path
+// cannot both have it, and Stop removes the socket file only while the path
+// still names it.
 //
 // Thread safety: thread-safe. `broker` must outlive the server.
 
@@ -56,6 +59,7 @@
 #include "attach/block_set.h"
 #include "attach/session_directory.h"
 #include "attach/unique_fd.h"
+#include "common/unix_socket.h"
 #include "server/access.h"
 
 namespace kvbroker::attach {
@@ -138,7 +142,7 @@ class AttachServer final : public SessionDirectory {
   SessionInfo InfoOf(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   AttachServer(Broker* broker, AttachServerOptions options, UniqueFd listener,
-               UniqueFd wake);
+               UnixSocketFile socket_file, UniqueFd wake);
   void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Frees `h`'s blocks in its pool (logging a failure) and forgets them.
   static void FreeAll(const std::string& name, Holder& h);
@@ -149,6 +153,8 @@ class AttachServer final : public SessionDirectory {
   Broker* const broker_;
   const AttachServerOptions options_;
   const UniqueFd listener_;
+  // The path listener_ is reachable at; removed on Stop while still ours.
+  const UnixSocketFile socket_file_;
   // Stop began; read without the lock by session threads.
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
 

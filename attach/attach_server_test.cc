@@ -7,6 +7,7 @@
 
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -634,7 +635,7 @@ TEST_F(AttachServerTest, RefusesToTakeOverALiveSocketButReplacesAStaleOne) {
   absl::StatusOr<std::unique_ptr<AttachServer>> second =
       AttachServer::Start(broker_.get(), o);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(second.status().message().find(absl::StrCat("process ", getpid())),
+  EXPECT_NE(second.status().message().find(absl::StrCat("pid ", getpid())),
             std::string::npos)
       << second.status();
   // The live server is unharmed.
@@ -655,6 +656,27 @@ TEST_F(AttachServerTest, RefusesToTakeOverALiveSocketButReplacesAStaleOne) {
       AttachServer::Start(broker_.get(), o);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   (*fresh)->Stop();
+}
+
+TEST_F(AttachServerTest, StopLeavesASocketAnotherServerBoundAtThePath) {
+  StartServer();
+  // The path now names another server's socket (this one was thought gone).
+  ASSERT_EQ(unlink(path_.c_str()), 0);
+  const int other = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(other, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(other, 4), 0);
+  server_->Stop();
+  struct stat st;
+  EXPECT_EQ(lstat(path_.c_str(), &st), 0) << "Stop removed another's socket";
+  const int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  EXPECT_EQ(connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  close(probe);
+  close(other);
+  unlink(path_.c_str());
 }
 
 }  // namespace

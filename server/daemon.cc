@@ -5,6 +5,7 @@
 #include <grpcpp/ext/channelz_service_plugin.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdio>
@@ -16,14 +17,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/failure.h"
+#include "common/unix_socket.h"
 #include "server/log.h"
 #include "server/proto_convert.h"
 #include "server/reflection_v1.h"
-#include "server/unix_socket.h"
 #include "server/unparsable_request.h"
 
 namespace kvbroker {
 namespace {
+
+constexpr UnixSocketRole kGrpcSocketRole = {SOCK_STREAM, "--unix_socket"};
 
 // Plugins that every ServerBuilder of the process picks up. gRPC's Init*
 // functions guard against double registration themselves. Channelz shows
@@ -135,7 +138,8 @@ absl::Status Daemon::Start() {
                              &tcp_port_);
   }
   if (!options_.unix_socket.empty()) {
-    KVB_RETURN_IF_ERROR(CheckUnixSocketPath(options_.unix_socket));
+    KVB_RETURN_IF_ERROR(
+        CheckUnixSocketPath(options_.unix_socket, kGrpcSocketRole));
     builder.AddListeningPort(
         absl::StrCat("unix:", StagingPath(options_.unix_socket)),
         grpc::InsecureServerCredentials());
@@ -178,8 +182,9 @@ absl::Status Daemon::Start() {
         options_.unix_socket.empty() ? "" : unix_address()));
   }
   if (!options_.unix_socket.empty()) {
-    absl::StatusOr<UnixSocketFile> file = UnixSocketFile::Publish(
-        StagingPath(options_.unix_socket), options_.unix_socket);
+    absl::StatusOr<UnixSocketFile> file =
+        UnixSocketFile::Publish(StagingPath(options_.unix_socket),
+                                options_.unix_socket, kGrpcSocketRole);
     if (!file.ok()) {
       StopServer(absl::Now());
       server_.reset();

@@ -54,13 +54,13 @@
 #include "absl/time/time.h"
 #include "allocator/backend.h"
 #include "allocator/broker.h"
+#include "common/unix_socket.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
 #include "server/access.h"
 #include "server/change_feed.h"
 #include "server/kvbroker_poller.h"
 #include "server/kvbroker_service.h"
 #include "server/unary_poller.h"
-#include "server/unix_socket.h"
 
 namespace kvbroker {
 

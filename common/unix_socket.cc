@@ -1,6 +1,6 @@
 // Unix socket path checks: probe, stale-file removal, owned unlink.
 
-#include "server/unix_socket.h"
+#include "common/unix_socket.h"
 
 #include <errno.h>
 #include <sys/socket.h>
@@ -42,35 +42,35 @@ std::string DescribePeer(int fd) {
 
 std::string StagingPath(const std::string& path) {
   const size_t slash = path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "" : path.substr(0, slash + 1);
-  return absl::StrCat(dir, ".kvbrokerd-", getpid(), ".sock");
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  return absl::StrCat(path.substr(0, base), ".", path.substr(base), ".",
+                      getpid());
 }
 
-absl::Status CheckUnixSocketPath(const std::string& path) {
+absl::Status CheckUnixSocketPath(const std::string& path, UnixSocketRole role) {
   sockaddr_un addr{};
   const size_t longest = sizeof(addr.sun_path) - 1;
   if (path.empty() || StagingPath(path).size() > longest) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--unix_socket: the path must have 1 to ",
+        absl::StrCat(role.flag, ": the path must have 1 to ",
                      longest - (StagingPath(path).size() - path.size()),
                      " bytes, not ", path.size()));
   }
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--unix_socket: cannot inspect ", path, ": ", Errno(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat(role.flag, ": cannot inspect ", path, ": ", Errno(errno)));
   }
   if (!S_ISSOCK(st.st_mode)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("--unix_socket: ", path,
+        absl::StrCat(role.flag, ": ", path,
                      " exists and is not a socket; not replacing it"));
   }
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = socket(AF_UNIX, role.type | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     return absl::UnavailableError(
-        absl::StrCat("--unix_socket: socket(): ", Errno(errno)));
+        absl::StrCat(role.flag, ": socket(): ", Errno(errno)));
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
@@ -81,13 +81,13 @@ absl::Status CheckUnixSocketPath(const std::string& path) {
     const std::string holder = DescribePeer(fd);
     close(fd);
     return absl::FailedPreconditionError(
-        absl::StrCat("--unix_socket: ", path, " is served by ", holder,
+        absl::StrCat(role.flag, ": ", path, " is served by ", holder,
                      "; stop it or choose another path"));
   }
   close(fd);
   if (err != ECONNREFUSED) {
     return absl::FailedPreconditionError(
-        absl::StrCat("--unix_socket: cannot probe ", path, ": ", Errno(err),
+        absl::StrCat(role.flag, ": cannot probe ", path, ": ", Errno(err),
                      "; not replacing it"));
   }
   // Nobody listens: a stale file. Remove it only if it is still the file
@@ -97,31 +97,31 @@ absl::Status CheckUnixSocketPath(const std::string& path) {
       again.st_ino == st.st_ino && unlink(path.c_str()) != 0 &&
       errno != ENOENT) {
     return absl::FailedPreconditionError(
-        absl::StrCat("--unix_socket: cannot remove the stale socket ", path,
-                     ": ", Errno(errno)));
+        absl::StrCat(role.flag, ": cannot remove the stale socket ", path, ": ",
+                     Errno(errno)));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<UnixSocketFile> UnixSocketFile::Publish(
-    const std::string& staging, const std::string& path) {
+    const std::string& staging, const std::string& path, UnixSocketRole role) {
   struct stat st;
   if (lstat(staging.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "--unix_socket: the listener's socket ", staging, " is missing"));
+        role.flag, ": the listener's socket ", staging, " is missing"));
   }
   if (link(staging.c_str(), path.c_str()) != 0) {
     const int err = errno;
     unlink(staging.c_str());
     if (err == EEXIST) {
       // Another daemon won the race for the path since the check.
-      absl::Status held = CheckUnixSocketPath(path);
+      absl::Status held = CheckUnixSocketPath(path, role);
       return held.ok() ? absl::FailedPreconditionError(absl::StrCat(
-                             "--unix_socket: ", path, " was taken meanwhile"))
+                             role.flag, ": ", path, " was taken meanwhile"))
                        : held;
     }
     return absl::FailedPreconditionError(
-        absl::StrCat("--unix_socket: cannot create ", path, ": ", Errno(err)));
+        absl::StrCat(role.flag, ": cannot create ", path, ": ", Errno(err)));
   }
   unlink(staging.c_str());
   return UnixSocketFile(path, st.st_dev, st.st_ino);
