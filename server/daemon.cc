@@ -226,7 +226,7 @@ void Daemon::RefreshHealth() {
   LogLine("health %s%s", serving ? "SERVING" : "NOT_SERVING",
           serving     ? ""
           : draining_ ? " (draining)"
-                      : " (a pool has FAILED)");
+                      : " (a pool lost its device)");
 }
 
 void Daemon::Drain() {
