@@ -410,12 +410,8 @@ int Run() {
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
   }
-  if (absl::Status s = (*daemon)->Start(); !s.ok()) return Fail(s);
-  if (options.threading == ServerThreading::kPoller) {
-    LogLine("serving unary calls from %d completion-queue worker(s)",
-            options.poller_workers);
-  }
-
+  // The attach socket is claimed before the gRPC listener serves, for the
+  // same reason: a path another daemon serves stops this one first.
   std::unique_ptr<attach::AttachServer> attach_server;
   if (const std::string path = absl::GetFlag(FLAGS_attach_socket);
       !path.empty()) {
@@ -427,6 +423,15 @@ int Run() {
     if (!started.ok()) return Fail(started.status());
     attach_server = *std::move(started);
     sessions->Set(attach_server.get());
+  }
+
+  if (absl::Status s = (*daemon)->Start(); !s.ok()) {
+    sessions->Set(nullptr);
+    return Fail(s);
+  }
+  if (options.threading == ServerThreading::kPoller) {
+    LogLine("serving unary calls from %d completion-queue worker(s)",
+            options.poller_workers);
   }
 
   absl::PrintF(

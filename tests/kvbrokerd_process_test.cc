@@ -124,6 +124,47 @@ TEST(UnixSocket, AnExitingDaemonDoesNotUnlinkASocketItDoesNotOwn) {
   RemoveSocketPath(socket);
 }
 
+// The attach socket is claimed the same way, and before the gRPC listener
+// serves: a daemon refused it never says SERVING.
+TEST(UnixSocket, ASecondDaemonRefusesALiveAttachSocketBeforeServing) {
+  const std::string socket = NewSocketPath();
+  const std::string attach = socket + ".attach";
+  std::vector<std::string> flags = HostFlags(socket);
+  flags.push_back(absl::StrCat("--attach_socket=", attach));
+  DaemonProcess first(flags);
+  ASSERT_NE(first.WaitServing(), "") << first.Stderr();
+  ASSERT_TRUE(IsSocket(attach));
+
+  const std::string other = NewSocketPath();
+  std::vector<std::string> second_flags = HostFlags(other);
+  second_flags.push_back(absl::StrCat("--attach_socket=", attach));
+  DaemonProcess second(second_flags);
+  EXPECT_EQ(second.WaitExit(absl::Seconds(20)), 1);
+  const std::string why = second.Stderr();
+  EXPECT_TRUE(absl::StrContains(why, "--attach_socket")) << why;
+  EXPECT_TRUE(absl::StrContains(why, absl::StrCat("pid ", first.pid()))) << why;
+  EXPECT_FALSE(absl::StrContains(why, "health SERVING")) << why;
+  EXPECT_FALSE(IsSocket(other)) << "its gRPC socket was never published";
+  RemoveSocketPath(other);
+
+  // An operator removes the attach path and a third daemon binds it: the
+  // first, exiting, leaves that socket alone.
+  ASSERT_EQ(unlink(attach.c_str()), 0);
+  const std::string third_socket = NewSocketPath();
+  std::vector<std::string> third_flags = HostFlags(third_socket);
+  third_flags.push_back(absl::StrCat("--attach_socket=", attach));
+  DaemonProcess third(third_flags);
+  ASSERT_NE(third.WaitServing(), "") << third.Stderr();
+  ASSERT_EQ(kill(first.pid(), SIGTERM), 0);
+  EXPECT_EQ(first.WaitExit(absl::Seconds(20)), 0);
+  EXPECT_TRUE(IsSocket(attach)) << first.Stderr();
+  ASSERT_EQ(kill(third.pid(), SIGTERM), 0);
+  EXPECT_EQ(third.WaitExit(absl::Seconds(20)), 0);
+  EXPECT_FALSE(IsSocket(attach)) << "its own attach socket is removed at exit";
+  RemoveSocketPath(third_socket);
+  RemoveSocketPath(socket);
+}
+
 // ===========================================================================
 // Start-up checks: every flag and file before anything is served
 
