@@ -130,9 +130,18 @@ TEST_F(UnixSocketTest, SomethingElseIsRefusedAndKept) {
 }
 
 TEST_F(UnixSocketTest, APathTooLongForItsStagingNameIsInvalid) {
-  const std::string longest(sizeof(sockaddr_un{}.sun_path) - 1, 'x');
-  const absl::Status s = CheckUnixSocketPath("/tmp/" + longest, kStream);
+  // The path itself fits a socket address; its staging name does not.
+  const size_t longest = sizeof(sockaddr_un{}.sun_path) - 1;
+  const std::string path = "/tmp/" + std::string(longest - 5, 'x');
+  ASSERT_EQ(path.size(), longest);
+  ASSERT_GT(StagingPath(path).size(), longest);
+  const absl::Status s = CheckUnixSocketPath(path, kStream);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("not ", longest)));
+  // One that fits with its staging name is looked at (and is free).
+  const std::string fits = dir_ + "/" + std::string(8, 'y');
+  ASSERT_LE(StagingPath(fits).size(), longest);
+  EXPECT_TRUE(CheckUnixSocketPath(fits, kStream).ok());
   EXPECT_EQ(CheckUnixSocketPath("", kStream).code(),
             absl::StatusCode::kInvalidArgument);
 }

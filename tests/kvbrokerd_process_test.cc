@@ -144,7 +144,7 @@ TEST(UnixSocket, ASecondDaemonRefusesALiveAttachSocketBeforeServing) {
   EXPECT_TRUE(absl::StrContains(why, "--attach_socket")) << why;
   EXPECT_TRUE(absl::StrContains(why, absl::StrCat("pid ", first.pid()))) << why;
   EXPECT_FALSE(absl::StrContains(why, "health SERVING")) << why;
-  EXPECT_FALSE(IsSocket(other)) << "its gRPC socket was never published";
+  EXPECT_FALSE(IsSocket(other)) << "it left no gRPC socket behind";
   RemoveSocketPath(other);
 
   // An operator removes the attach path and a third daemon binds it: the
