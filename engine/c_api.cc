@@ -53,6 +53,28 @@ absl::Status NullSession() {
 
 const char* OrEmpty(const char* s) { return s == nullptr ? "" : s; }
 
+// kvb_alloc and kvb_alloc_reserved: the ids go straight into the caller's
+// array, whose room is checked before anything is sent.
+int32_t AllocInto(kvb_session* s, int64_t num_blocks,
+                  const char* reservation_id, const char* request_id,
+                  int64_t* block_ids, int64_t capacity, int64_t* allocated,
+                  kvb_error* err) {
+  if (s == nullptr) return Report(NullSession(), err);
+  if (num_blocks > capacity || (num_blocks > 0 && block_ids == nullptr)) {
+    return Report(
+        absl::InvalidArgumentError(absl::StrCat(
+            "block_ids has room for ", capacity, " ids, not ", num_blocks)),
+        err);
+  }
+  absl::StatusOr<int64_t> n = s->session->AllocInto(
+      num_blocks, OrEmpty(request_id),
+      absl::MakeSpan(block_ids, num_blocks > 0 ? num_blocks : 0),
+      OrEmpty(reservation_id));
+  if (!n.ok()) return Report(n.status(), err);
+  if (allocated != nullptr) *allocated = *n;
+  return Report(absl::OkStatus(), err);
+}
+
 }  // namespace
 
 extern "C" {
@@ -191,18 +213,84 @@ __attribute__((visibility("default"))) int32_t kvb_get_attach_stats(
 __attribute__((visibility("default"))) int32_t kvb_alloc(
     kvb_session* s, int64_t num_blocks, const char* request_id,
     int64_t* block_ids, int64_t capacity, int64_t* allocated, kvb_error* err) {
+  return AllocInto(s, num_blocks, "", request_id, block_ids, capacity,
+                   allocated, err);
+}
+
+__attribute__((visibility("default"))) int32_t kvb_alloc_reserved(
+    kvb_session* s, int64_t num_blocks, const char* reservation_id,
+    const char* request_id, int64_t* block_ids, int64_t capacity,
+    int64_t* allocated, kvb_error* err) {
+  if (reservation_id == nullptr || *reservation_id == '\0') {
+    return Report(kvbroker::InvalidField("reservation_id", "is empty"), err);
+  }
+  return AllocInto(s, num_blocks, reservation_id, request_id, block_ids,
+                   capacity, allocated, err);
+}
+
+__attribute__((visibility("default"))) int32_t kvb_reserve(
+    kvb_session* s, int64_t num_blocks, int64_t ttl_ms, const char* request_id,
+    char* reservation_id, size_t reservation_id_size, int64_t* reserved,
+    int64_t* expire_unix_ns, kvb_error* err) {
   if (s == nullptr) return Report(NullSession(), err);
-  if (num_blocks > capacity || (num_blocks > 0 && block_ids == nullptr)) {
+  // Checked before anything is sent: a reservation made whose id the
+  // caller could not be given would hold its blocks until it expired.
+  if (reservation_id == nullptr || reservation_id_size <= KVB_MAX_ID_LENGTH) {
     return Report(
-        absl::InvalidArgumentError(absl::StrCat(
-            "block_ids has room for ", capacity, " ids, not ", num_blocks)),
+        kvbroker::InvalidField(
+            "reservation_id",
+            absl::StrCat("has room for ",
+                         reservation_id == nullptr ? 0 : reservation_id_size,
+                         " bytes; it needs KVB_MAX_ID_LENGTH + 1 = ",
+                         KVB_MAX_ID_LENGTH + 1)),
         err);
   }
-  absl::StatusOr<int64_t> n = s->session->AllocInto(
-      num_blocks, OrEmpty(request_id),
-      absl::MakeSpan(block_ids, num_blocks > 0 ? num_blocks : 0));
-  if (!n.ok()) return Report(n.status(), err);
-  if (allocated != nullptr) *allocated = *n;
+  reservation_id[0] = '\0';
+  kvbroker::v1::ReserveRequest request;
+  request.set_num_blocks(num_blocks);
+  if (ttl_ms != 0) {
+    // Seconds and nanos carry the same sign, as Duration requires.
+    request.mutable_ttl()->set_seconds(ttl_ms / 1000);
+    request.mutable_ttl()->set_nanos(static_cast<int32_t>(ttl_ms % 1000) *
+                                     1000000);
+  }
+  request.set_request_id(OrEmpty(request_id));
+  absl::StatusOr<kvbroker::v1::ReserveResponse> r =
+      s->session->Reserve(std::move(request));
+  if (!r.ok()) return Report(r.status(), err);
+  if (r->reservation_id().empty() ||
+      r->reservation_id().size() > KVB_MAX_ID_LENGTH) {
+    // A daemon that broke the protocol's bound: give the blocks back
+    // rather than hold them under a name the caller never learns.
+    kvbroker::v1::ReleaseReservationRequest release;
+    release.set_reservation_id(r->reservation_id());
+    (void)s->session->ReleaseReservation(std::move(release));
+    return Report(absl::InternalError(absl::StrCat(
+                      "the daemon named its reservation with ",
+                      r->reservation_id().size(), " bytes; released it")),
+                  err);
+  }
+  CopyString(r->reservation_id(), reservation_id, reservation_id_size);
+  if (reserved != nullptr) *reserved = r->num_blocks();
+  if (expire_unix_ns != nullptr) {
+    *expire_unix_ns =
+        r->expire_time().seconds() * 1000000000 + r->expire_time().nanos();
+  }
+  return Report(absl::OkStatus(), err);
+}
+
+__attribute__((visibility("default"))) int32_t kvb_release_reservation(
+    kvb_session* s, const char* reservation_id, int64_t* released,
+    kvb_error* err) {
+  if (s == nullptr) return Report(NullSession(), err);
+  if (reservation_id == nullptr || *reservation_id == '\0') {
+    return Report(kvbroker::InvalidField("reservation_id", "is empty"), err);
+  }
+  kvbroker::v1::ReleaseReservationRequest request;
+  request.set_reservation_id(reservation_id);
+  auto r = s->session->ReleaseReservation(std::move(request));
+  if (!r.ok()) return Report(r.status(), err);
+  if (released != nullptr) *released = r->released_blocks();
   return Report(absl::OkStatus(), err);
 }
 

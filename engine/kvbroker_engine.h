@@ -43,7 +43,11 @@
 extern "C" {
 #endif
 
-#define KVB_ENGINE_ABI_VERSION 3
+#define KVB_ENGINE_ABI_VERSION 4
+
+/* The longest request or reservation id a session takes, in bytes; a buffer
+ * that receives a reservation id needs one byte more. (ABI version 4) */
+#define KVB_MAX_ID_LENGTH 128
 
 typedef struct kvb_session kvb_session;
 
@@ -131,6 +135,38 @@ int32_t kvb_get_attach_stats(kvb_session* s, kvb_attach_stats* out,
 int32_t kvb_alloc(kvb_session* s, int64_t num_blocks, const char* request_id,
                   int64_t* block_ids, int64_t capacity, int64_t* allocated,
                   kvb_error* err);
+/* kvb_alloc taking the blocks of `reservation_id` first (a reservation made
+ * by kvb_reserve on any session, or over gRPC by a scheduler), then
+ * available ones: the blocks are this holder's, and what the call did not
+ * need stays reserved. A used-up reservation lives on, empty, until it is
+ * released or expires. RESERVATION_TOO_SMALL when it and the pool's
+ * available blocks cannot cover `num_blocks`, RESERVATION_NOT_FOUND /
+ * RESERVATION_EXPIRED as the names say; nothing is allocated on any
+ * refusal. (ABI version 4) */
+int32_t kvb_alloc_reserved(kvb_session* s, int64_t num_blocks,
+                           const char* reservation_id, const char* request_id,
+                           int64_t* block_ids, int64_t capacity,
+                           int64_t* allocated, kvb_error* err);
+/* Sets `num_blocks` (> 0) mapped blocks aside for `ttl_ms` milliseconds (0:
+ * the daemon's default, 30 s), all or nothing: from then on they count as
+ * reserved, not available, until kvb_alloc_reserved takes them,
+ * kvb_release_reservation returns them or the reservation expires. The
+ * reservation's id is written NUL-terminated to `reservation_id`, which has
+ * room for `reservation_id_size` bytes and must have room for
+ * KVB_MAX_ID_LENGTH + 1 (INVALID_ARGUMENT, nothing sent, when it has not).
+ * *reserved receives the blocks set aside and *expire_unix_ns their expiry
+ * (nanoseconds since the Unix epoch), each when not NULL. A `request_id`
+ * makes a retry answer the first reservation. (ABI version 4) */
+int32_t kvb_reserve(kvb_session* s, int64_t num_blocks, int64_t ttl_ms,
+                    const char* request_id, char* reservation_id,
+                    size_t reservation_id_size, int64_t* reserved,
+                    int64_t* expire_unix_ns, kvb_error* err);
+/* Ends a reservation, returning the blocks still in it to the pool;
+ * *released (if not NULL) receives how many (0 for a used-up one).
+ * RESERVATION_NOT_FOUND for an unknown or released id,
+ * RESERVATION_EXPIRED for an expired one. (ABI version 4) */
+int32_t kvb_release_reservation(kvb_session* s, const char* reservation_id,
+                                int64_t* released, kvb_error* err);
 /* Frees blocks this holder owns, all or nothing. */
 int32_t kvb_free(kvb_session* s, const int64_t* block_ids, int64_t count,
                  const char* request_id, int64_t* freed, kvb_error* err);

@@ -400,7 +400,8 @@ absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
 }
 
 absl::StatusOr<const kv1::AllocResponse*> Session::CallAlloc(
-    int64_t num_blocks, const std::string& request_id) {
+    int64_t num_blocks, const std::string& request_id,
+    const std::string& reservation_id) {
   attach::RecycleFrameArena(&frames_);  // for the reply
   kv1::AllocRequest* request = alloc_request_.mutable_alloc();
   request->set_num_blocks(num_blocks);
@@ -411,9 +412,14 @@ absl::StatusOr<const kv1::AllocResponse*> Session::CallAlloc(
   } else {
     request->set_request_id(request_id);
   }
+  if (reservation_id.empty()) {
+    request->clear_reservation_id();
+  } else {
+    request->set_reservation_id(reservation_id);
+  }
   request->set_block_runs(runs_);
-  absl::StatusOr<const av1::Frame*> reply = CallAttached(
-      &alloc_request_, av1::Frame::kAllocReply, "an Alloc reply");
+  absl::StatusOr<const av1::Frame*> reply =
+      CallAttached(&alloc_request_, av1::Frame::kAllocReply, "an Alloc reply");
   if (!reply.ok()) return reply.status();
   const kv1::AllocResponse& r = (*reply)->alloc_reply();
   if (r.num_blocks() < 0 || r.num_blocks() > num_blocks) {
@@ -456,10 +462,11 @@ absl::Status WriteAllocIds(const kv1::AllocResponse& r,
 }  // namespace
 
 absl::StatusOr<std::vector<int64_t>> Session::Alloc(
-    int64_t num_blocks, const std::string& request_id) {
+    int64_t num_blocks, const std::string& request_id,
+    const std::string& reservation_id) {
   PlainMutexLock lock(&mu_);
   absl::StatusOr<const kv1::AllocResponse*> r =
-      CallAlloc(num_blocks, request_id);
+      CallAlloc(num_blocks, request_id, reservation_id);
   if (!r.ok()) return r.status();
   std::vector<int64_t> ids(static_cast<size_t>((*r)->num_blocks()));
   KVB_RETURN_IF_ERROR(WriteAllocIds(**r, absl::MakeSpan(ids)));
@@ -468,14 +475,15 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
 
 absl::StatusOr<int64_t> Session::AllocInto(int64_t num_blocks,
                                            const std::string& request_id,
-                                           absl::Span<int64_t> out) {
+                                           absl::Span<int64_t> out,
+                                           const std::string& reservation_id) {
   if (num_blocks > static_cast<int64_t>(out.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("room for ", out.size(), " ids, not ", num_blocks));
   }
   PlainMutexLock lock(&mu_);
   absl::StatusOr<const kv1::AllocResponse*> r =
-      CallAlloc(num_blocks, request_id);
+      CallAlloc(num_blocks, request_id, reservation_id);
   if (!r.ok()) return r.status();
   const int64_t n = (*r)->num_blocks();
   KVB_RETURN_IF_ERROR(WriteAllocIds(**r, out.first(static_cast<size_t>(n))));
@@ -508,8 +516,8 @@ absl::StatusOr<kv1::FreeResponse> Session::Free(
   } else {
     request->set_request_id(request_id);
   }
-  absl::StatusOr<const av1::Frame*> reply = CallAttached(
-      &free_request_, av1::Frame::kFreeReply, "a Free reply");
+  absl::StatusOr<const av1::Frame*> reply =
+      CallAttached(&free_request_, av1::Frame::kFreeReply, "a Free reply");
   // What a large Free made room for is not kept.
   if (request->block_ids().Capacity() > kKeptRequestIds ||
       request->block_runs().Capacity() > kKeptRequestIds) {

@@ -165,17 +165,20 @@ class Session {
   // before it returns.
   absl::StatusOr<kvbroker::v1::AllocResponse> Alloc(
       kvbroker::v1::AllocRequest request) ABSL_LOCKS_EXCLUDED(mu_);
-  // All block ids of an Alloc, flattened in page order.
-  absl::StatusOr<std::vector<int64_t>> Alloc(int64_t num_blocks,
-                                             const std::string& request_id = "")
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // All block ids of an Alloc, flattened in page order. A non-empty
+  // `reservation_id` takes that reservation's blocks first (as
+  // AllocRequest.reservation_id).
+  absl::StatusOr<std::vector<int64_t>> Alloc(
+      int64_t num_blocks, const std::string& request_id = "",
+      const std::string& reservation_id = "") ABSL_LOCKS_EXCLUDED(mu_);
   // The same ids written to `out` instead, for a caller that keeps its own
   // buffer (the C ABI writes straight into the caller's array); returns how
   // many. INVALID_ARGUMENT, before anything is sent, when `out` has room
   // for fewer than `num_blocks` ids.
   absl::StatusOr<int64_t> AllocInto(int64_t num_blocks,
                                     const std::string& request_id,
-                                    absl::Span<int64_t> out)
+                                    absl::Span<int64_t> out,
+                                    const std::string& reservation_id = "")
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<kvbroker::v1::FreeResponse> Free(
       kvbroker::v1::FreeRequest request) ABSL_LOCKS_EXCLUDED(mu_);
@@ -223,8 +226,8 @@ class Session {
   // Sends Alloc(num_blocks) and returns the daemon's reply, whose block
   // count is checked to lie in [0, num_blocks].
   absl::StatusOr<const kvbroker::v1::AllocResponse*> CallAlloc(
-      int64_t num_blocks, const std::string& request_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      int64_t num_blocks, const std::string& request_id,
+      const std::string& reservation_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts a call: the frames of the last one are dropped and a fresh
   // request frame of frames_ is returned.
   attach::v1::Frame* NewRequest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

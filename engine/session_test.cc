@@ -364,7 +364,8 @@ TEST_F(SessionTest, AllocIntoWritesTheCallersRoomAndNoFurther) {
 }
 
 // Alloc(n) and Free(ids) reuse their request frames: nothing a call set
-// (a request id, a list of ids, runs) reaches the next one.
+// (a request id, a reservation id, a list of ids, runs) reaches the next
+// one.
 TEST_F(SessionTest, KeptRequestFramesCarryNothingOver) {
   Open({2, 3}, absl::Seconds(5), absl::ZeroDuration(), /*version=*/2);
   std::vector<av1::Frame> seen;
@@ -386,7 +387,7 @@ TEST_F(SessionTest, KeptRequestFramesCarryNothingOver) {
     }
   });
   auto a1 = session_->Alloc(2, "first");
-  auto a2 = session_->Alloc(3);
+  auto a2 = session_->Alloc(3, "", "res-7");
   const std::vector<int64_t> scattered = {5, 9, 13};
   auto f1 = session_->Free(scattered, "gone");
   const std::vector<int64_t> run = {5, 6, 7};
@@ -397,7 +398,9 @@ TEST_F(SessionTest, KeptRequestFramesCarryNothingOver) {
   ASSERT_TRUE(a1.ok() && a2.ok() && f1.ok() && f2.ok() && f3.ok() && a3.ok());
   ASSERT_EQ(seen.size(), 6u);
   EXPECT_EQ(seen[0].alloc().request_id(), "first");
+  EXPECT_EQ(seen[0].alloc().reservation_id(), "");
   EXPECT_EQ(seen[1].alloc().request_id(), "");
+  EXPECT_EQ(seen[1].alloc().reservation_id(), "res-7");
   EXPECT_EQ(seen[1].alloc().num_blocks(), 3);
   EXPECT_TRUE(seen[1].alloc().block_runs());
   EXPECT_THAT(seen[2].free().block_ids(), ElementsAre(5, 9, 13));
@@ -409,6 +412,7 @@ TEST_F(SessionTest, KeptRequestFramesCarryNothingOver) {
   EXPECT_THAT(seen[4].free().block_ids(), ElementsAre(5, 9, 13));
   EXPECT_THAT(seen[4].free().block_runs(), IsEmpty());
   EXPECT_EQ(seen[5].alloc().request_id(), "third");
+  EXPECT_EQ(seen[5].alloc().reservation_id(), "");
   EXPECT_EQ(seen[5].alloc().num_blocks(), 1);
   // Sequence numbers still move on with every call.
   for (size_t i = 1; i < seen.size(); ++i) {

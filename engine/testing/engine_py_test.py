@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy
 import pytest
@@ -64,7 +65,7 @@ def daemon():
 
 def test_library_exports_only_the_c_abi():
     lib = engine.load_library()
-    assert lib.kvb_abi_version() == 3
+    assert lib.kvb_abi_version() == 4
     with pytest.raises(AttributeError):
         lib.KvBrokerInternalSymbolThatDoesNotExist
     # C++ symbols of the implementation stay hidden.
@@ -309,6 +310,94 @@ def test_alloc_free_capacity_are_exact_and_typed(daemon):
         assert a.capacity()["available_blocks"] == 64
         assert a.alloc(3, request_id="r1") == a.alloc(3, request_id="r1")
         assert a.capacity()["allocated_blocks"] == 3
+
+
+def test_reservations_on_the_session_admit_exactly(daemon):
+    """Reserve, then Alloc from the reservation or release it, on the
+    engine's own session: the numbers Capacity shows at every step, and
+    each refusal typed and changing nothing."""
+    def cap(s):
+        c = s.capacity()
+        return (c["available_blocks"], c["allocated_blocks"],
+                c["reserved_blocks"])
+
+    with engine.Session(daemon, holder="py-res", token=TOKEN) as s, \
+            engine.Session(daemon, holder="py-crowd", token=TOKEN) as o:
+        s.attach("kv")
+        o.attach("kv")
+        before = time.time()
+        r = s.reserve(10, ttl=60)
+        after = time.time()
+        assert r.num_blocks == 10 and r.id
+        assert before + 60 - 1 <= r.expire_time <= after + 60 + 1
+        assert cap(s) == (54, 0, 10)
+        theirs = o.alloc(50)
+        assert cap(s) == (4, 50, 10)
+
+        # The reservation and the 4 available cover 14 blocks, not 15.
+        with pytest.raises(engine.EngineError) as e:
+            s.alloc(15, reservation_id=r.id)
+        assert e.value.reason_name == "RESERVATION_TOO_SMALL"
+        assert e.value.code == 9  # FAILED_PRECONDITION
+        assert cap(s) == (4, 50, 10)
+        # 6 of the reservation's 10, then its other 4 and 2 available.
+        mine = s.alloc(6, reservation_id=r.id)
+        assert cap(s) == (4, 56, 4)
+        mine += s.alloc(6, reservation_id=r.id)
+        assert len(set(mine)) == 12 and not set(mine) & set(theirs)
+        assert cap(s) == (2, 62, 0)
+        # Used up, the reservation lives on empty until released.
+        assert s.release_reservation(r.id) == 0
+        for call in (lambda: s.release_reservation(r.id),
+                     lambda: s.alloc(1, reservation_id=r.id)):
+            with pytest.raises(engine.EngineError) as e:
+                call()
+            assert e.value.reason_name == "RESERVATION_NOT_FOUND"
+        # The blocks are this holder's.
+        with pytest.raises(engine.EngineError) as e:
+            o.free(mine[:1])
+        assert e.value.reason_name == "BLOCK_NOT_ALLOCATED"
+        assert cap(s) == (2, 62, 0)
+
+        # A retry with the same request id answers the same reservation.
+        r2 = s.reserve(2, request_id="admit-7")
+        assert s.reserve(2, request_id="admit-7").id == r2.id
+        assert cap(s) == (0, 62, 2)
+        with pytest.raises(engine.EngineError) as e:
+            s.reserve(1)
+        assert e.value.reason_name == "POOL_EXHAUSTED"
+        assert s.release_reservation(r2.id) == 2
+        assert cap(s) == (2, 62, 0)
+
+        # Bad input: typed, nothing reserved.
+        for kwargs in ({"num_blocks": 0}, {"num_blocks": -3},
+                       {"num_blocks": 1, "ttl": -1.0}):
+            with pytest.raises(engine.EngineError) as e:
+                s.reserve(**kwargs)
+            assert e.value.code == 3, kwargs  # INVALID_ARGUMENT
+        with pytest.raises(engine.EngineError) as e:
+            s.release_reservation("res-999999")
+        assert e.value.reason_name == "RESERVATION_NOT_FOUND"
+        with pytest.raises(engine.EngineError) as e:
+            s.alloc(1, reservation_id="x" * 129)
+        assert e.value.code == 3
+        assert cap(s) == (2, 62, 0)
+
+        # The C ABI refuses a reservation id buffer without room for the
+        # longest id before it sends anything.
+        lib = engine.load_library()
+        err = engine._Error()
+        small = ctypes.create_string_buffer(64)
+        assert lib.kvb_reserve(s._handle, 1, 0, None, small, len(small),
+                               None, None, ctypes.byref(err)) == 3
+        assert err.reason_name == b"INVALID_ARGUMENT"
+        assert b"KVB_MAX_ID_LENGTH" in err.message
+        assert lib.kvb_alloc_reserved(s._handle, 1, b"", None, None, 0, None,
+                                      ctypes.byref(err)) == 3
+        assert cap(s) == (2, 62, 0)
+        assert s.free(mine) == 12
+        assert o.free(theirs) == 50
+        assert cap(s) == (64, 0, 0)
 
 
 def test_reply_spin_serves_the_same_calls(daemon):

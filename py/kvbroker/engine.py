@@ -20,6 +20,14 @@ __array_interface__ on the host backend (numpy.asarray) and
 __cuda_array_interface__ on CUDA (torch.as_tensor, cupy). Only blocks on
 mapped pages may be touched: the ones this holder allocated always are.
 
+Admission: reserve(n, ttl) sets n mapped blocks aside (no longer
+available to anyone) before the engine commits to a request; alloc(n,
+reservation_id=r.id) makes them this holder's, release_reservation(r.id)
+gives back what is left, and a reservation not released returns its
+blocks at its expiry. A
+reservation a scheduler made over gRPC is redeemed the same way, or at
+attach.
+
 The library is found through $KVBROKER_ENGINE_LIBRARY, then beside this
 file, then on the loader's search path. Errors raise EngineError with the
 daemon's typed reason (reason_name: "POOL_EXHAUSTED", "UNAUTHENTICATED",
@@ -34,15 +42,18 @@ of a contiguous copy, where dst.copy_(src) gets about half of it (the view is
 strided by the layout; engine/README.md, "Copying into a layer view").
 """
 
+import collections
 import ctypes
 import os
 import threading
 import warnings
 
-__all__ = ["EngineError", "Layout", "Session", "KvView", "copy_into",
-           "load_library"]
+__all__ = ["EngineError", "Layout", "Reservation", "Session", "KvView",
+           "copy_into", "load_library"]
 
-_ABI_VERSION = 3
+_ABI_VERSION = 4
+# KVB_MAX_ID_LENGTH of kvbroker_engine.h.
+_MAX_ID_LENGTH = 128
 _LIBRARY_NAME = "libkvbroker_engine.so"
 
 # typestr of the element types a view can have (little-endian machines).
@@ -96,6 +107,13 @@ class EngineError(Exception):
         self.protocol_error = protocol_error
         self.reason_name = reason_name
         self.message = message
+
+
+Reservation = collections.namedtuple("Reservation",
+                                     ("id", "num_blocks", "expire_time"))
+Reservation.__doc__ = """Session.reserve's answer: the reservation's id,
+the blocks set aside and when they return to the pool unless used or
+released (seconds since the Unix epoch)."""
 
 
 class Layout:
@@ -168,6 +186,11 @@ def _declare(lib):
         "kvb_get_attach_stats": (i32, [p, ctypes.POINTER(_AttachStats),
                                        err]),
         "kvb_alloc": (i32, [p, i64, ctypes.c_char_p, pi64, i64, pi64, err]),
+        "kvb_alloc_reserved": (i32, [p, i64, ctypes.c_char_p,
+                                     ctypes.c_char_p, pi64, i64, pi64, err]),
+        "kvb_reserve": (i32, [p, i64, i64, ctypes.c_char_p, ctypes.c_char_p,
+                              ctypes.c_size_t, pi64, pi64, err]),
+        "kvb_release_reservation": (i32, [p, ctypes.c_char_p, pi64, err]),
         "kvb_free": (i32, [p, pi64, i64, ctypes.c_char_p, pi64, err]),
         "kvb_capacity": (i32, [p, pi64, pi64, pi64, err]),
         "kvb_set_reply_spin": (i32, [p, i64, err]),
@@ -441,14 +464,49 @@ class Session:
                                               ctypes.byref(err)), err)
         return {name: getattr(raw, name) for name, _ in raw._fields_}
 
-    def alloc(self, num_blocks, request_id=""):
+    def alloc(self, num_blocks, request_id="", reservation_id=""):
+        """Allocates num_blocks blocks to this holder, all or nothing, and
+        returns their ids. With reservation_id the reservation's blocks are
+        taken first; what the call did not need stays reserved."""
         ids = (ctypes.c_int64 * max(num_blocks, 1))()
         n = ctypes.c_int64()
         err = _Error()
-        _check(self._lib.kvb_alloc(self._handle, num_blocks,
-                                   _bytes(request_id), ids, max(num_blocks, 0),
-                                   ctypes.byref(n), ctypes.byref(err)), err)
+        if reservation_id:
+            code = self._lib.kvb_alloc_reserved(
+                self._handle, num_blocks, _bytes(reservation_id),
+                _bytes(request_id), ids, max(num_blocks, 0), ctypes.byref(n),
+                ctypes.byref(err))
+        else:
+            code = self._lib.kvb_alloc(
+                self._handle, num_blocks, _bytes(request_id), ids,
+                max(num_blocks, 0), ctypes.byref(n), ctypes.byref(err))
+        _check(code, err)
         return list(ids[:n.value])
+
+    def reserve(self, num_blocks, ttl=0.0, request_id=""):
+        """Sets num_blocks mapped blocks aside for ttl seconds (0: the
+        daemon's default, 30 s), all or nothing; returns a Reservation.
+        alloc(n, reservation_id=r.id) takes them; release_reservation(r.id)
+        returns them."""
+        rid = ctypes.create_string_buffer(_MAX_ID_LENGTH + 1)
+        n = ctypes.c_int64()
+        expire = ctypes.c_int64()
+        err = _Error()
+        _check(self._lib.kvb_reserve(
+            self._handle, num_blocks, int(round(ttl * 1000)),
+            _bytes(request_id), rid, len(rid), ctypes.byref(n),
+            ctypes.byref(expire), ctypes.byref(err)), err)
+        return Reservation(rid.value.decode(), n.value, expire.value / 1e9)
+
+    def release_reservation(self, reservation_id):
+        """Ends a reservation, returning the blocks still in it to the pool;
+        returns how many (0 for a used-up one)."""
+        released = ctypes.c_int64()
+        err = _Error()
+        _check(self._lib.kvb_release_reservation(
+            self._handle, _bytes(reservation_id), ctypes.byref(released),
+            ctypes.byref(err)), err)
+        return released.value
 
     def free(self, block_ids, request_id=""):
         ids = list(block_ids)
