@@ -601,4 +601,4 @@ def test_readme_python_example_runs(daemon, capsys):
     exec(compile(code, "README.md", "exec"),
          {"socket_path": daemon, "token": TOKEN})
     out = capsys.readouterr().out
-    assert out == "4 (64, 131072) (1048576, 2)\n", out
+    assert out == "4 (64, 131072) (1048576, 2)\n8 0\n", out
