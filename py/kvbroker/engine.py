@@ -24,9 +24,8 @@ Admission: reserve(n, ttl) sets n mapped blocks aside (no longer
 available to anyone) before the engine commits to a request; alloc(n,
 reservation_id=r.id) makes them this holder's, release_reservation(r.id)
 gives back what is left, and a reservation not released returns its
-blocks at its expiry. A
-reservation a scheduler made over gRPC is redeemed the same way, or at
-attach.
+blocks at its expiry. A reservation a scheduler made over gRPC is
+redeemed the same way, or at attach.
 
 The library is found through $KVBROKER_ENGINE_LIBRARY, then beside this
 file, then on the loader's search path. Errors raise EngineError with the
