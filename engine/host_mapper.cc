@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,17 @@ class HostMapper final : public DeviceMapper {
             [this](int64_t offset) { return bundles_.contains(offset); });
         !s.ok()) {
       return s;
+    }
+    // A memfd shorter than a bundle would map, and then fault (SIGBUS) on
+    // the first touch past its end. (What is not a file at all fails to
+    // map below.)
+    for (const BundleFd& b : bundles) {
+      struct stat st;
+      if (fstat(b.fd.get(), &st) != 0) return Errno("fstat bundle", errno);
+      if (S_ISREG(st.st_mode) && st.st_size < bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a bundle fd of ", st.st_size, " bytes for a bundle of ", bytes));
+      }
     }
     // Mapped without access first; each run is then enabled in one call.
     size_t done = 0;

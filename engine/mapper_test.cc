@@ -153,6 +153,13 @@ TEST(HostMapperTest, MapManyIsAllOrNothing) {
     batch.push_back({kBundle + kBundle / 2, Bundle('y')});  // overlaps
     EXPECT_EQ(mapper.MapMany(kBundle, absl::MakeSpan(batch)).code(),
               absl::StatusCode::kInvalidArgument);
+    // A memfd shorter than the bundle (it would fault past its end).
+    UniqueFd short_fd(memfd_create("short", MFD_CLOEXEC));
+    ASSERT_EQ(ftruncate(short_fd.get(), kBundle / 2), 0);
+    batch = Batch({{1, 'x'}});
+    batch.push_back({2 * kBundle, std::move(short_fd)});
+    EXPECT_EQ(mapper.MapMany(kBundle, absl::MakeSpan(batch)).code(),
+              absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(mapper.mapped(), 1);
     EXPECT_EQ(mapper.stats().access_calls, stats.access_calls);
 

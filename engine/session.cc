@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -266,6 +268,110 @@ absl::Status Session::Revoke(const av1::Revoke& revoke) {
   return why.ok() ? sent : why;
 }
 
+namespace {
+
+// The most virtual bytes a layout may ask an engine to reserve per device:
+// the 47-bit user address space of x86-64 and of arm64's default layout,
+// and the daemon's own bound on a pool (kMaxVirtualBytesPerDevice).
+constexpr int64_t kMaxVirtualBytes = int64_t{1} << 47;
+// Sessions map at most this many devices (a node's GPUs, with room).
+constexpr int kMaxSessionDevices = 256;
+
+// a * b, or nullopt past int64.
+std::optional<int64_t> Product(int64_t a, int64_t b) {
+  int64_t out;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+// Writes an Alloc reply's ids to `out` (defined below with its callers).
+absl::Status WriteAllocIds(const kv1::AllocResponse& r,
+                           absl::Span<int64_t> out);
+
+// The daemon's PoolLayout is redundant (SPEC section 2 defines every field
+// from P, B, L, K and T); an engine maps pages at offsets and hands out
+// addresses computed from it, so a layout whose fields disagree, overflow,
+// or place a block past the range would have it map or write outside the
+// range it reserved. Checked before anything is reserved.
+absl::Status CheckLayout(const av1::PoolLayout& l) {
+  auto bad = [](absl::string_view why) {
+    return ProtocolFailure(av1::MALFORMED_FRAME,
+                           absl::StrCat("the daemon's pool layout: ", why));
+  };
+  if (l.page_size() <= 0 || l.block_bytes() <= 0 || l.num_layers() <= 0 ||
+      l.num_kv_buffers() <= 0 || l.page_count() < 0 || l.max_blocks() < 0) {
+    return bad(absl::StrCat(
+        "page_size ", l.page_size(), ", block_bytes ", l.block_bytes(),
+        ", num_layers ", l.num_layers(), ", num_kv_buffers ",
+        l.num_kv_buffers(), ", page_count ", l.page_count(), ", max_blocks ",
+        l.max_blocks(), " (sizes and counts must be positive)"));
+  }
+  if (l.devices_size() < 1 || l.devices_size() > kMaxSessionDevices) {
+    return bad(absl::StrCat(l.devices_size(), " devices"));
+  }
+  const std::optional<int64_t> lk = Product(l.num_layers(), l.num_kv_buffers());
+  const std::optional<int64_t> bundle =
+      lk ? Product(l.page_size(), *lk) : std::nullopt;
+  const std::optional<int64_t> stride =
+      lk ? Product(l.block_bytes(), *lk) : std::nullopt;
+  const std::optional<int64_t> range =
+      bundle ? Product(*bundle, l.page_count()) : std::nullopt;
+  const std::optional<int64_t> blocks_end =
+      Product(l.block_bytes(), l.max_blocks());
+  const std::optional<int64_t> pages_end =
+      Product(l.page_size(), l.page_count());
+  if (!bundle || !stride || !range || !blocks_end || !pages_end ||
+      *range > kMaxVirtualBytes) {
+    return bad(absl::StrCat("a range of ", l.page_count(), " pages of ",
+                            l.page_size(), " B x ", l.num_layers(), " x ",
+                            l.num_kv_buffers(), " overflows or exceeds ",
+                            kMaxVirtualBytes, " bytes"));
+  }
+  if (l.bundle_bytes() != *bundle || l.block_stride_bytes() != *stride ||
+      l.layer_offset_bytes() != l.num_kv_buffers() * l.block_bytes() ||
+      l.buffer_offset_bytes() != l.block_bytes() ||
+      l.virtual_bytes_per_device() != *range) {
+    return bad(absl::StrCat(
+        "bundle_bytes ", l.bundle_bytes(), ", block_stride_bytes ",
+        l.block_stride_bytes(), ", layer_offset_bytes ", l.layer_offset_bytes(),
+        ", buffer_offset_bytes ", l.buffer_offset_bytes(),
+        ", virtual_bytes_per_device ", l.virtual_bytes_per_device(),
+        " do not follow from P, B, L, K, T"));
+  }
+  if (*blocks_end > *pages_end) {
+    return bad(absl::StrCat(l.max_blocks(), " blocks of ", l.block_bytes(),
+                            " B do not fit ", l.page_count(), " pages of ",
+                            l.page_size(), " B"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Session::CheckHandedOut(absl::Span<const int64_t> ids) const {
+  const int64_t block_bytes = layout_.block_bytes();
+  const int64_t page_size = layout_.page_size();
+  for (int64_t id : ids) {
+    bool ok = id >= 0 && id < layout_.max_blocks();
+    if (ok) {
+      // CheckLayout: max_blocks * block_bytes fits the pages, so neither
+      // product overflows and both pages lie below page_count.
+      const int64_t first = id * block_bytes / page_size;
+      const int64_t last = ((id + 1) * block_bytes - 1) / page_size;
+      for (int64_t p = first; ok && p <= last; ++p) ok = mapped_[p];
+    }
+    if (!ok) {
+      return ProtocolFailure(
+          av1::MALFORMED_FRAME,
+          absl::StrCat("the daemon handed out block ", id,
+                       ", which is not on a page mapped here (",
+                       layout_.max_blocks(), " blocks, ", mapped_count_, " of ",
+                       layout_.page_count(), " pages mapped)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   PlainMutexLock lock(&mu_);
   if (attached_) {
@@ -291,6 +397,7 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   // On frames_, which the page frames below do not reset.
   const av1::AttachReply& r = (*reply)->attach_reply();
   const av1::PoolLayout& layout = r.layout();
+  KVB_RETURN_IF_ERROR(CheckLayout(layout));
   std::vector<std::unique_ptr<DeviceMapper>> mappers;
   absl::Time t0 = absl::Now();
   for (const av1::Device& d : layout.devices()) {
@@ -321,6 +428,22 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
         !s.ok()) {
       return s;
     }
+  }
+  // What the holder owns after the attach is on pages mapped by now.
+  const kv1::AllocResponse& redeemed = r.redeemed();
+  if (redeemed.num_blocks() < 0 ||
+      redeemed.num_blocks() > options.reservation_blocks) {
+    return ProtocolFailure(
+        av1::MALFORMED_FRAME,
+        absl::StrCat("the daemon redeemed ", redeemed.num_blocks(),
+                     " blocks of ", options.reservation_blocks, " asked"));
+  }
+  std::vector<int64_t> owned(static_cast<size_t>(redeemed.num_blocks()));
+  KVB_RETURN_IF_ERROR(WriteAllocIds(redeemed, absl::MakeSpan(owned)));
+  KVB_RETURN_IF_ERROR(CheckHandedOut(owned));
+  for (const kv1::PageBlocks& p : r.held()) {
+    KVB_RETURN_IF_ERROR(CheckHandedOut(
+        absl::MakeConstSpan(p.block_ids().data(), p.block_ids_size())));
   }
   stats.total = absl::Now() - start;
   stats.pages = mapped_count_;
@@ -393,10 +516,20 @@ absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
   PlainMutexLock lock(&mu_);
   av1::Frame* f = NewRequest();
   *f->mutable_alloc() = std::move(request);
+  const int64_t asked = f->alloc().num_blocks();
   absl::StatusOr<const av1::Frame*> reply =
       CallAttached(f, av1::Frame::kAllocReply, "an Alloc reply");
   if (!reply.ok()) return reply.status();
-  return (*reply)->alloc_reply();
+  const kv1::AllocResponse& r = (*reply)->alloc_reply();
+  if (r.num_blocks() < 0 || r.num_blocks() > asked) {
+    return ProtocolFailure(av1::MALFORMED_FRAME,
+                           absl::StrCat("the daemon answered Alloc(", asked,
+                                        ") with ", r.num_blocks(), " blocks"));
+  }
+  std::vector<int64_t> ids(static_cast<size_t>(r.num_blocks()));
+  KVB_RETURN_IF_ERROR(WriteAllocIds(r, absl::MakeSpan(ids)));
+  KVB_RETURN_IF_ERROR(CheckHandedOut(ids));
+  return r;
 }
 
 absl::StatusOr<const kv1::AllocResponse*> Session::CallAlloc(
@@ -470,6 +603,7 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
   if (!r.ok()) return r.status();
   std::vector<int64_t> ids(static_cast<size_t>((*r)->num_blocks()));
   KVB_RETURN_IF_ERROR(WriteAllocIds(**r, absl::MakeSpan(ids)));
+  KVB_RETURN_IF_ERROR(CheckHandedOut(ids));
   return ids;
 }
 
@@ -486,7 +620,9 @@ absl::StatusOr<int64_t> Session::AllocInto(int64_t num_blocks,
       CallAlloc(num_blocks, request_id, reservation_id);
   if (!r.ok()) return r.status();
   const int64_t n = (*r)->num_blocks();
-  KVB_RETURN_IF_ERROR(WriteAllocIds(**r, out.first(static_cast<size_t>(n))));
+  const absl::Span<int64_t> ids = out.first(static_cast<size_t>(n));
+  KVB_RETURN_IF_ERROR(WriteAllocIds(**r, ids));
+  KVB_RETURN_IF_ERROR(CheckHandedOut(ids));
   return n;
 }
 

@@ -255,6 +255,12 @@ class Session {
   absl::Status Revoke(const attach::v1::Revoke& revoke)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckAttached() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // MALFORMED_FRAME unless every id names a block of the pool whose pages
+  // are all mapped here: the daemon announces a page before it hands out a
+  // block on it (SPEC section 10), and an engine that wrote to a block on
+  // a page it has not mapped would fault.
+  absl::Status CheckHandedOut(absl::Span<const int64_t> ids) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads until the daemon's SessionEnd answering `seq`, the daemon's own
   // SessionEnd, or the end of the stream, within close_timeout_.
   absl::Status AwaitSessionEnd(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

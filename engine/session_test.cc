@@ -140,6 +140,21 @@ class SessionTest : public ::testing::Test {
             absl::Duration close_timeout = absl::Seconds(5),
             absl::Duration reply_spin = absl::ZeroDuration(),
             uint32_t version = 1) {
+    av1::AttachReply reply;
+    *reply.mutable_layout() = Layout();
+    absl::Status attached =
+        ConnectAndAttach(reply, initial, close_timeout, reply_spin, version);
+    ASSERT_TRUE(attached.ok()) << attached;
+  }
+
+  // Connects a Session while the peer answers Hello with `version` and the
+  // Attach with `reply`, its mapped_pages those of `initial`, which follow
+  // one per frame. Returns the Attach's status (the Connect must succeed).
+  absl::Status ConnectAndAttach(
+      av1::AttachReply reply, const std::vector<int64_t>& initial,
+      absl::Duration close_timeout = absl::Seconds(5),
+      absl::Duration reply_spin = absl::ZeroDuration(), uint32_t version = 1,
+      int64_t reservation_blocks = 0) {
     fds_before_ = OpenFds();
     std::thread daemon([&] {
       peer_.Accept();
@@ -147,17 +162,17 @@ class SessionTest : public ::testing::Test {
       ASSERT_TRUE(hello.frame.has_hello());
       EXPECT_EQ(hello.frame.hello().holder(), "rank0");
       EXPECT_EQ(hello.frame.hello().pid(), getpid());
-      av1::Frame reply;
-      reply.set_seq(hello.frame.seq());
+      av1::Frame hr;
+      hr.set_seq(hello.frame.seq());
       EXPECT_EQ(hello.frame.hello().protocol_version(), kProtocolVersion);
-      reply.mutable_hello_reply()->set_protocol_version(version);
-      reply.mutable_hello_reply()->set_session_id(77);
-      peer_.Send(reply);
+      hr.mutable_hello_reply()->set_protocol_version(version);
+      hr.mutable_hello_reply()->set_session_id(77);
+      peer_.Send(hr);
       ReceivedFrame attach = peer_.Next();
       ASSERT_TRUE(attach.frame.has_attach());
       av1::Frame ar;
       ar.set_seq(attach.frame.seq());
-      *ar.mutable_attach_reply()->mutable_layout() = Layout();
+      *ar.mutable_attach_reply() = reply;
       ar.mutable_attach_reply()->set_mapped_pages(initial.size());
       peer_.Send(ar);
       // One page per frame, with this attach's seq.
@@ -174,13 +189,21 @@ class SessionTest : public ::testing::Test {
     c.close_timeout = close_timeout;
     c.reply_spin = reply_spin;
     auto s = Session::Connect(c);
-    ASSERT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) {
+      daemon.join();
+      ADD_FAILURE() << s.status();
+      return s.status();
+    }
     session_ = *std::move(s);
     AttachOptions a;
     a.pool = "kv";
+    if (reservation_blocks > 0) {
+      a.reservation_id = "res-1";
+      a.reservation_blocks = reservation_blocks;
+    }
     auto r = session_->Attach(a);
     daemon.join();
-    ASSERT_TRUE(r.ok()) << r.status();
+    return r.status();
   }
 
   // A session still open closes against a peer that hangs up: its Close
@@ -420,11 +443,117 @@ TEST_F(SessionTest, KeptRequestFramesCarryNothingOver) {
   }
 }
 
+// A layout whose fields do not follow from P, B, L, K and T, or that
+// overflows, is refused before any range is reserved or page mapped: the
+// engine would otherwise map bundles or hand out addresses outside its
+// range.
+TEST_F(SessionTest, AttachRefusesALayoutThatDoesNotAddUp) {
+  struct Case {
+    const char* what;
+    void (*change)(av1::PoolLayout*);
+  };
+  const Case cases[] = {
+      {"bundle_bytes",
+       [](av1::PoolLayout* l) { l->set_bundle_bytes(8 << 20); }},
+      {"stride", [](av1::PoolLayout* l) { l->set_block_stride_bytes(1); }},
+      {"layer offset",
+       [](av1::PoolLayout* l) { l->set_layer_offset_bytes(3 << 20); }},
+      {"buffer offset",
+       [](av1::PoolLayout* l) { l->set_buffer_offset_bytes(0); }},
+      {"virtual bytes",
+       [](av1::PoolLayout* l) { l->set_virtual_bytes_per_device(1); }},
+      {"blocks past the pages",
+       [](av1::PoolLayout* l) { l->set_max_blocks(9); }},
+      {"negative pages", [](av1::PoolLayout* l) { l->set_page_count(-1); }},
+      {"zero block bytes", [](av1::PoolLayout* l) { l->set_block_bytes(0); }},
+      {"no device", [](av1::PoolLayout* l) { l->clear_devices(); }},
+      {"pages past the address space",
+       [](av1::PoolLayout* l) {
+         // Consistent, and 2^50 bytes: more than a process can reserve.
+         l->set_page_count(int64_t{1} << 28);
+         l->set_virtual_bytes_per_device(int64_t{1} << 50);
+       }},
+      {"overflow",
+       [](av1::PoolLayout* l) {
+         l->set_page_size(int64_t{1} << 62);
+         l->set_num_layers(4);
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    av1::AttachReply reply;
+    *reply.mutable_layout() = Layout();
+    c.change(reply.mutable_layout());
+    absl::Status s = ConnectAndAttach(reply, {});
+    EXPECT_EQ(ProtocolErrorOf(s), av1::MALFORMED_FRAME) << s;
+    EXPECT_EQ(session_->device_count(), 0);
+    EXPECT_EQ(session_->mapped_pages(), 0);
+    peer_.Hangup();
+    session_.reset();
+  }
+}
+
+// Every block id the daemon hands out, by Alloc (each of its three forms)
+// or at attach, must lie on pages mapped here; one that does not is
+// refused as malformed rather than given to a caller that would fault on
+// it.
+TEST_F(SessionTest, BlocksOnPagesNotMappedAreRefused) {
+  Open({2});
+  std::thread daemon([&] {
+    // Block 6 lies on page 3, not mapped; block 8 is past the pool.
+    for (int64_t block : {6, 8, 6, 6}) {
+      ReceivedFrame alloc = peer_.Next();
+      ASSERT_TRUE(alloc.frame.has_alloc());
+      peer_.Send(AllocReply(alloc.frame.seq(), 3, block));
+    }
+    ReceivedFrame alloc = peer_.Next();
+    av1::Frame pm;
+    pm.mutable_pages_mapped()->add_page_ids(3);
+    peer_.Send(pm, {bundles_[3]->fd.get()});
+    peer_.Send(AllocReply(alloc.frame.seq(), 3, 6));
+  });
+  auto not_mapped = session_->Alloc(1);
+  auto past = session_->Alloc(1);
+  std::vector<int64_t> room(1, -1);
+  auto into = session_->AllocInto(1, "", absl::MakeSpan(room));
+  kv1::AllocRequest request;
+  request.set_num_blocks(1);
+  auto proto = session_->Alloc(request);
+  auto mapped = session_->Alloc(1);
+  daemon.join();
+  for (const absl::Status& s :
+       {not_mapped.status(), past.status(), into.status(), proto.status()}) {
+    EXPECT_EQ(ProtocolErrorOf(s), av1::MALFORMED_FRAME) << s;
+  }
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(*mapped, std::vector<int64_t>{6});
+}
+
+TEST_F(SessionTest, AttachRefusesRedeemedBlocksOnPagesNotMapped) {
+  av1::AttachReply reply;
+  *reply.mutable_layout() = Layout();
+  auto* page = reply.mutable_redeemed()->add_pages();
+  page->set_page_id(3);
+  page->add_block_ids(7);
+  reply.mutable_redeemed()->set_num_blocks(1);
+  absl::Status s =
+      ConnectAndAttach(reply, {0, 2}, absl::Seconds(5), absl::ZeroDuration(), 1,
+                       /*reservation_blocks=*/1);
+  EXPECT_EQ(ProtocolErrorOf(s), av1::MALFORMED_FRAME) << s;
+  peer_.Hangup();
+  session_.reset();
+  // The same redemption with its page among those mapped is accepted.
+  s = ConnectAndAttach(reply, {0, 3}, absl::Seconds(5), absl::ZeroDuration(), 1,
+                       /*reservation_blocks=*/1);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(session_->mapped_pages(), 2);
+}
+
 // With reply_spin the call polls before it sleeps: a reply inside the spin
 // and one long after it (the peer waits 20 ms) both arrive, and an event
 // sent ahead of the reply is handled first, as without the spin.
 TEST_F(SessionTest, ReplySpinReadsRepliesInsideAndPastTheSpin) {
-  Open({}, absl::Seconds(5), absl::Microseconds(200));
+  Open({2}, absl::Seconds(5), absl::Microseconds(200));
   std::thread daemon([&] {
     for (int call = 0; call < 2; ++call) {
       ReceivedFrame alloc = peer_.Next();
@@ -435,7 +564,7 @@ TEST_F(SessionTest, ReplySpinReadsRepliesInsideAndPastTheSpin) {
         pm.mutable_pages_mapped()->add_page_ids(3);
         peer_.Send(pm, {bundles_[3]->fd.get()});
       }
-      peer_.Send(AllocReply(alloc.frame.seq(), 3, 6 + call));
+      peer_.Send(AllocReply(alloc.frame.seq(), 2 + call, 5 + 2 * call));
     }
   });
   auto first = session_->Alloc(1);
@@ -443,7 +572,7 @@ TEST_F(SessionTest, ReplySpinReadsRepliesInsideAndPastTheSpin) {
   daemon.join();
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_EQ(*first, std::vector<int64_t>{6});
+  EXPECT_EQ(*first, std::vector<int64_t>{5});
   EXPECT_EQ(*second, std::vector<int64_t>{7});
   EXPECT_TRUE(session_->page_mapped(3));
 }
