@@ -112,6 +112,18 @@ __attribute__((visibility("default"))) int32_t kvb_set_reply_spin(
   return Report(absl::OkStatus(), err);
 }
 
+__attribute__((visibility("default"))) int32_t kvb_set_call_timeout(
+    kvb_session* s, int64_t timeout_ns, kvb_error* err) {
+  if (s == nullptr) return Report(NullSession(), err);
+  if (timeout_ns < 0) {
+    return Report(kvbroker::InvalidField("timeout_ns", "must not be negative"),
+                  err);
+  }
+  s->session->set_call_timeout(timeout_ns == 0 ? absl::InfiniteDuration()
+                                               : absl::Nanoseconds(timeout_ns));
+  return Report(absl::OkStatus(), err);
+}
+
 __attribute__((visibility("default"))) int32_t kvb_attach(
     kvb_session* s, const char* pool, const int32_t* devices,
     int32_t num_devices, const char* reservation_id, int64_t reservation_blocks,

@@ -180,6 +180,14 @@ int32_t kvb_capacity(kvb_session* s, int64_t* available_blocks,
  * while it waits. INVALID_ARGUMENT for a negative value. (ABI version 3) */
 int32_t kvb_set_reply_spin(kvb_session* s, int64_t spin_ns, kvb_error* err);
 
+/* How long each call waits for the daemon's reply before it returns
+ * DEADLINE_EXCEEDED (4); the default is 30 s, 0 waits forever. The call's
+ * outcome is then unknown (retry with the same request_id to learn it) and
+ * its late reply is dropped; a kvb_attach that runs out of time closes the
+ * session. INVALID_ARGUMENT for a negative value. (ABI version 4) */
+int32_t kvb_set_call_timeout(kvb_session* s, int64_t timeout_ns,
+                             kvb_error* err);
+
 /* Readable when the daemon sent something; then call kvb_process_events. */
 int32_t kvb_event_fd(kvb_session* s);
 int32_t kvb_process_events(kvb_session* s, kvb_error* err);

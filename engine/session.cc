@@ -29,11 +29,14 @@ using attach::ReceivedFrame;
 // The most ids the kept Free request keeps room for between calls (8 KiB
 // in each of its two lists); a larger Free's room is given back after it.
 constexpr int kKeptRequestIds = 1024;
+// Calls that gave up waiting whose late replies are still recognised.
+constexpr size_t kMaxAbandoned = 64;
 
 Session::Session(FrameChannel channel, const ConnectOptions& options)
     : channel_(std::move(channel)),
       close_timeout_(options.close_timeout),
       reply_spin_ns_(absl::ToInt64Nanoseconds(options.reply_spin)),
+      call_timeout_(options.call_timeout),
       frames_(attach::FrameArenaOptions(frame_block_, sizeof(frame_block_))) {}
 
 Session::~Session() { Close(/*release=*/false).IgnoreError(); }
@@ -96,7 +99,19 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
   // A frame, the peer's hangup or an error end the spin: the receive that
   // follows reads or reports them.
   attach::SpinUntilReadable(channel_.fd(), reply_spin_ns_);
+  const absl::Time deadline = absl::Now() + call_timeout_;
   while (true) {
+    if (!WaitReadable(deadline)) {
+      if (abandoned_.size() == kMaxAbandoned) {
+        abandoned_.erase(abandoned_.begin());
+      }
+      abandoned_.push_back(seq);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no reply from the daemon within ",
+          absl::FormatDuration(call_timeout_),
+          "; the call's outcome is unknown (retry it with the same "
+          "request_id to learn it)"));
+    }
     if (absl::Status s = channel_.ReceiveInto(got, &fds); !s.ok()) {
       // A bad frame from the daemon is a bug there; the peer going away ends
       // the session.
@@ -121,6 +136,36 @@ void Session::set_reply_spin(absl::Duration spin) {
   reply_spin_ns_ = absl::ToInt64Nanoseconds(spin);
 }
 
+void Session::set_call_timeout(absl::Duration timeout) {
+  PlainMutexLock lock(&mu_);
+  call_timeout_ = timeout;
+}
+
+bool Session::WaitReadable(absl::Time deadline) const {
+  if (deadline == absl::InfiniteFuture()) return true;  // the receive blocks
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    // Rounded up, so that a wait never ends before its deadline.
+    const int64_t ms = left <= absl::ZeroDuration()
+                           ? 0
+                           : absl::ToInt64Milliseconds(
+                                 absl::Ceil(left, absl::Milliseconds(1)));
+    pollfd p = {channel_.fd(), POLLIN, 0};
+    const int n = poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
+    if (n > 0) return true;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return true;  // the receive reports the socket's error
+    if (absl::Now() >= deadline) return false;
+  }
+}
+
+bool Session::TakeAbandoned(uint64_t seq) {
+  auto it = std::find(abandoned_.begin(), abandoned_.end(), seq);
+  if (it == abandoned_.end()) return false;
+  abandoned_.erase(it);
+  return true;
+}
+
 absl::StatusOr<const av1::Frame*> Session::CallAttached(
     av1::Frame* request, av1::Frame::BodyCase expected, const char* what) {
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
@@ -135,6 +180,8 @@ absl::StatusOr<const av1::Frame*> Session::CallAttached(
 
 absl::Status Session::HandleEvent(const av1::Frame& f,
                                   std::vector<UniqueFd> fds) {
+  // The late reply of a call that gave up waiting (its fds close here).
+  if (f.seq() != 0 && TakeAbandoned(f.seq())) return absl::OkStatus();
   switch (f.body_case()) {
     case av1::Frame::kPagesMapped:
       return MapPages(f.pages_mapped(), std::move(fds));
@@ -387,8 +434,18 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   a->set_request_id(options.request_id);
   AttachStats stats;
   const absl::Time start = absl::Now();
+  const absl::Time deadline = start + call_timeout_;
+  // The daemon may have attached the session and announced pages this
+  // engine will never map: the session cannot go on.
+  auto give_up = [this](absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    closed_ = true;
+    shutdown(channel_.fd(), SHUT_RDWR);
+    return absl::DeadlineExceededError(
+        absl::StrCat(why.message(), "; the session is closed"));
+  };
   absl::StatusOr<const av1::Frame*> reply = Call(request);
   stats.receive = absl::Now() - start;
+  if (absl::IsDeadlineExceeded(reply.status())) return give_up(reply.status());
   if (!reply.ok()) return reply.status();
   if (!(*reply)->has_attach_reply()) {
     return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
@@ -417,6 +474,12 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   int64_t received = 0;
   while (received < r.mapped_pages()) {
     t0 = absl::Now();
+    if (!WaitReadable(deadline)) {
+      return give_up(absl::DeadlineExceededError(
+          absl::StrCat("the daemon sent ", received, " of the ",
+                       r.mapped_pages(), " pages of its AttachReply within ",
+                       absl::FormatDuration(call_timeout_))));
+    }
     absl::StatusOr<ReceivedFrame> got = channel_.Receive();
     stats.receive += absl::Now() - t0;
     if (!got.ok()) return got.status();

@@ -78,6 +78,14 @@ struct ConnectOptions {
   // price of that thread's CPU while it waits; the daemon's side is
   // unchanged.
   absl::Duration reply_spin = absl::ZeroDuration();
+  // How long a call waits for the daemon's reply (an Attach also for the
+  // pages that complete it) before it returns DEADLINE_EXCEEDED; a wedged
+  // daemon then cannot wedge the engine. The call's outcome is unknown: a
+  // retry with the same request_id learns it. A reply that comes later is
+  // dropped; an Attach that runs out of time ends the session, since the
+  // pages the daemon announced to it are unknown. InfiniteDuration waits
+  // forever. set_call_timeout changes it.
+  absl::Duration call_timeout = absl::Seconds(30);
   // The highest attach protocol version to offer (attach/frame.h). From 2
   // on, Alloc(n) and Free(ids) carry their blocks as runs of consecutive
   // ids; 1 lists every id, as a version-1 daemon needs (benchmarks offer 1
@@ -194,6 +202,9 @@ class Session {
 
   // ConnectOptions::reply_spin from the next call on (negative: zero).
   void set_reply_spin(absl::Duration spin) ABSL_LOCKS_EXCLUDED(mu_);
+  // ConnectOptions::call_timeout from the next call on (zero or negative:
+  // the call gives up at once unless the reply is there).
+  void set_call_timeout(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Readable whenever the daemon has sent something (a revocation, new
   // pages); watch it with poll/epoll and call ProcessEvents.
@@ -233,9 +244,16 @@ class Session {
   attach::v1::Frame* NewRequest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `request` (from NewRequest) with a fresh seq and reads until its
   // reply, handling daemon-initiated messages on the way. The reply is a
-  // frame of frames_: valid until the next NewRequest.
+  // frame of frames_: valid until the next NewRequest. DEADLINE_EXCEEDED
+  // past call_timeout_, the seq then abandoned.
   absl::StatusOr<const attach::v1::Frame*> Call(attach::v1::Frame* request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until the socket is readable (or hung up) or `deadline` passes;
+  // false then.
+  bool WaitReadable(absl::Time deadline) const;
+  // Whether `seq` is that of a call that gave up waiting; its late reply
+  // is then forgotten (a reply comes once).
+  bool TakeAbandoned(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Call on an attached session, refusing a reply that is not `expected`
   // (`what` names it: "an Alloc reply").
   absl::StatusOr<const attach::v1::Frame*> CallAttached(
@@ -278,6 +296,11 @@ class Session {
   // ConnectOptions::reply_spin, in ns (0 or less: none); set_reply_spin
   // changes it.
   int64_t reply_spin_ns_ ABSL_GUARDED_BY(mu_);
+  absl::Duration call_timeout_ ABSL_GUARDED_BY(mu_);
+  // Seqs of calls that gave up before their reply came, oldest first; at
+  // most kMaxAbandoned (the oldest are forgotten: a reply that late is a
+  // protocol error).
+  std::vector<uint64_t> abandoned_ ABSL_GUARDED_BY(mu_);
   // The frames of the call in progress (attach/frame.h, kFrameArenaBytes).
   alignas(std::max_align_t) char frame_block_[attach::kFrameArenaBytes];
   google::protobuf::Arena frames_ ABSL_GUARDED_BY(mu_);

@@ -90,6 +90,7 @@ class Peer {
     EXPECT_TRUE(got.ok()) << got.status();
     return got.ok() ? *std::move(got) : ReceivedFrame{};
   }
+  absl::StatusOr<ReceivedFrame> TryNext() { return channel_->Receive(); }
   void Send(const av1::Frame& f, std::vector<int> fds = {}) {
     ASSERT_TRUE(channel_->Send(f, fds).ok());
   }
@@ -188,6 +189,7 @@ class SessionTest : public ::testing::Test {
     c.holder = "rank0";
     c.close_timeout = close_timeout;
     c.reply_spin = reply_spin;
+    c.call_timeout = call_timeout_;
     auto s = Session::Connect(c);
     if (!s.ok()) {
       daemon.join();
@@ -223,6 +225,7 @@ class SessionTest : public ::testing::Test {
   std::vector<std::unique_ptr<Bundle>> bundles_;
   std::unique_ptr<Session> session_;
   int fds_before_ = 0;
+  absl::Duration call_timeout_ = absl::Seconds(30);
 };
 
 TEST_F(SessionTest, MapsThePagesOfTheAttachAndSharesTheirBytes) {
@@ -547,6 +550,74 @@ TEST_F(SessionTest, AttachRefusesRedeemedBlocksOnPagesNotMapped) {
                        /*reservation_blocks=*/1);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(session_->mapped_pages(), 2);
+}
+
+// A call whose reply does not come within call_timeout returns
+// DEADLINE_EXCEEDED; the reply that comes later is dropped, and the next
+// call gets its own.
+TEST_F(SessionTest, ACallPastItsTimeoutGivesUpAndDropsTheLateReply) {
+  call_timeout_ = absl::Milliseconds(50);
+  Open({2});
+  std::thread daemon([&] {
+    ReceivedFrame slow = peer_.Next();
+    ASSERT_TRUE(slow.frame.has_alloc());
+    // Twenty timeouts late: the call has given up by then.
+    absl::SleepFor(absl::Seconds(1));
+    peer_.Send(AllocReply(slow.frame.seq(), 2, 5));
+    ReceivedFrame next = peer_.Next();
+    ASSERT_TRUE(next.frame.has_alloc());
+    peer_.Send(AllocReply(next.frame.seq(), 2, 4));
+  });
+  auto slow = session_->Alloc(1, "req-1");
+  EXPECT_EQ(slow.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << slow.status();
+  session_->set_call_timeout(absl::Seconds(30));
+  auto next = session_->Alloc(1);
+  daemon.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, std::vector<int64_t>{4});
+}
+
+// An Attach that runs out of time ends the session: the daemon may have
+// announced pages to it that the engine never mapped.
+TEST_F(SessionTest, AnAttachPastItsTimeoutEndsTheSession) {
+  call_timeout_ = absl::Milliseconds(50);
+  av1::AttachReply reply;
+  *reply.mutable_layout() = Layout();
+  std::thread daemon([&] {
+    peer_.Accept();
+    ReceivedFrame hello = peer_.Next();
+    av1::Frame hr;
+    hr.set_seq(hello.frame.seq());
+    hr.mutable_hello_reply()->set_protocol_version(1);
+    peer_.Send(hr);
+    ReceivedFrame attach = peer_.Next();
+    ASSERT_TRUE(attach.frame.has_attach());
+    // The reply promises a page and the page never comes.
+    av1::Frame ar;
+    ar.set_seq(attach.frame.seq());
+    *ar.mutable_attach_reply() = reply;
+    ar.mutable_attach_reply()->set_mapped_pages(1);
+    peer_.Send(ar);
+  });
+  ConnectOptions c;
+  c.socket_path = peer_.path();
+  c.holder = "rank0";
+  c.call_timeout = call_timeout_;
+  auto s = Session::Connect(c);
+  ASSERT_TRUE(s.ok()) << s.status();
+  session_ = *std::move(s);
+  AttachOptions a;
+  a.pool = "kv";
+  auto r = session_->Attach(a);
+  daemon.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << r.status();
+  EXPECT_EQ(session_->Capacity().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The daemon sees the connection end.
+  absl::StatusOr<ReceivedFrame> after = peer_.TryNext();
+  EXPECT_FALSE(after.ok());
 }
 
 // With reply_spin the call polls before it sleeps: a reply inside the spin

@@ -6,6 +6,7 @@ import ctypes
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,10 @@ tokens { name: "other" token: "%s" pools: "other" }
 """ % (TOKEN, OTHER_TOKEN)
 
 
+# The daemon process behind each attach socket the fixture yields.
+PROCS = {}
+
+
 @pytest.fixture
 def daemon():
     # Socket paths must fit sun_path: a short directory under /tmp.
@@ -56,8 +61,10 @@ def daemon():
             if line.startswith("kvbrokerd:"):
                 assert "engines attach on " + sock in line, line
                 break
+        PROCS[sock] = proc
         yield sock
     finally:
+        PROCS.pop(sock, None)
         proc.kill()
         proc.wait()
         shutil.rmtree(d)
@@ -414,6 +421,53 @@ def test_reply_spin_serves_the_same_calls(daemon):
         assert e.value.reason_name == "INVALID_ARGUMENT"
         assert e.value.code == 3
         assert s.capacity()["allocated_blocks"] == 0
+
+
+def wait_stopped(pid):
+    """Returns once every thread of `pid` is stopped: kill() returns before
+    a running thread has taken the SIGSTOP."""
+    for _ in range(500):
+        states = []
+        for task in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, task)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass  # a thread that exited
+        if states and all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError("kvbrokerd %d did not stop: %s" % (pid, states))
+
+
+def test_a_wedged_daemon_times_calls_out_and_a_retry_learns_the_outcome(
+        daemon):
+    with engine.Session(daemon, holder="py-timeout", token=TOKEN,
+                        call_timeout=10.0) as s:
+        s.attach("kv")
+        assert len(s.alloc(2, request_id="t-1")) == 2
+        s.set_call_timeout(0.2)
+        proc = PROCS[daemon]
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            wait_stopped(proc.pid)
+            with pytest.raises(engine.EngineError) as e:
+                s.alloc(3, request_id="t-2")
+            assert e.value.code == 4  # DEADLINE_EXCEEDED
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        s.set_call_timeout(10.0)
+        # The daemon ran the Alloc once it woke; its late reply is dropped
+        # and the retry answers with the same blocks.
+        more = s.alloc(3, request_id="t-2")
+        assert len(more) == 3
+        assert s.capacity()["allocated_blocks"] == 5
+        for bad in (0, -1.0):
+            with pytest.raises(engine.EngineError) as e:
+                s.set_call_timeout(bad)
+            assert e.value.reason_name == "INVALID_ARGUMENT"
+        s.set_call_timeout(None)
+        assert s.capacity()["allocated_blocks"] == 5
 
 
 def test_session_end_and_reattach(daemon):

@@ -193,6 +193,7 @@ def _declare(lib):
         "kvb_free": (i32, [p, pi64, i64, ctypes.c_char_p, pi64, err]),
         "kvb_capacity": (i32, [p, pi64, pi64, pi64, err]),
         "kvb_set_reply_spin": (i32, [p, i64, err]),
+        "kvb_set_call_timeout": (i32, [p, i64, err]),
         "kvb_event_fd": (i32, [p]),
         "kvb_process_events": (i32, [p, err]),
         "kvb_set_revoke_callback": (None, [p, _REVOKE_CALLBACK, p]),
@@ -374,7 +375,7 @@ class Session:
     """A session on kvbrokerd's attach socket (see the module comment)."""
 
     def __init__(self, socket_path, holder, token="", reattach_grace=0.0,
-                 library=None, reply_spin=0.0):
+                 library=None, reply_spin=0.0, call_timeout=30.0):
         self._lib = load_library(library)
         self._handle = ctypes.c_void_p()
         self._callback = None
@@ -386,6 +387,8 @@ class Session:
             ctypes.byref(err)), err)
         if reply_spin:
             self.set_reply_spin(reply_spin)
+        if call_timeout != 30.0:
+            self.set_call_timeout(call_timeout)
 
     def set_reply_spin(self, seconds):
         """How long each call polls for the daemon's reply before it sleeps
@@ -394,6 +397,21 @@ class Session:
         err = _Error()
         _check(self._lib.kvb_set_reply_spin(
             self._handle, int(seconds * 1e9), ctypes.byref(err)), err)
+
+    def set_call_timeout(self, seconds):
+        """How long each call waits for the daemon's reply before it raises
+        EngineError DEADLINE_EXCEEDED (code 4); None waits forever, and
+        0 or less is refused (INVALID_ARGUMENT). The
+        call's outcome is then unknown (retry with the same request_id to
+        learn it) and its late reply is dropped; an attach that runs out of
+        time closes the session."""
+        if seconds is None:
+            ns = 0  # the C ABI's "forever"
+        else:
+            ns = max(int(seconds * 1e9), 1) if seconds > 0 else -1
+        err = _Error()
+        _check(self._lib.kvb_set_call_timeout(self._handle, ns,
+                                              ctypes.byref(err)), err)
 
     def __enter__(self):
         return self
