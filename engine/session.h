@@ -80,7 +80,9 @@ struct ConnectOptions {
   absl::Duration reply_spin = absl::ZeroDuration();
   // How long a call waits for the daemon's reply (an Attach also for the
   // pages that complete it) before it returns DEADLINE_EXCEEDED; a wedged
-  // daemon then cannot wedge the engine. The call's outcome is unknown: a
+  // daemon then cannot wedge the engine. Every frame the daemon sends
+  // meanwhile (pages mapped, a revocation) starts the wait again. The
+  // call's outcome is unknown: a
   // retry with the same request_id learns it. A reply that comes later is
   // dropped; an Attach that runs out of time ends the session, since the
   // pages the daemon announced to it are unknown. InfiniteDuration waits
@@ -245,12 +247,11 @@ class Session {
   // Sends `request` (from NewRequest) with a fresh seq and reads until its
   // reply, handling daemon-initiated messages on the way. The reply is a
   // frame of frames_: valid until the next NewRequest. DEADLINE_EXCEEDED
-  // past call_timeout_, the seq then abandoned.
+  // when no frame came for call_timeout_, the seq then abandoned.
   absl::StatusOr<const attach::v1::Frame*> Call(attach::v1::Frame* request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits until the socket is readable (or hung up) or `deadline` passes;
-  // false then.
-  bool WaitReadable(absl::Time deadline) const;
+  // Sets the socket's receive timeout to call_timeout_.
+  void ApplyCallTimeout() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `seq` is that of a call that gave up waiting; its late reply
   // is then forgotten (a reply comes once).
   bool TakeAbandoned(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
