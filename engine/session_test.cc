@@ -149,8 +149,9 @@ class SessionTest : public ::testing::Test {
   }
 
   // Connects a Session while the peer answers Hello with `version` and the
-  // Attach with `reply`, its mapped_pages those of `initial`, which follow
-  // one per frame. Returns the Attach's status (the Connect must succeed).
+  // Attach with `reply`, its mapped_pages (unless `reply` sets them) those
+  // of `initial`, which follow one per frame. Returns the Attach's status
+  // (the Connect must succeed).
   absl::Status ConnectAndAttach(
       av1::AttachReply reply, const std::vector<int64_t>& initial,
       absl::Duration close_timeout = absl::Seconds(5),
@@ -174,7 +175,9 @@ class SessionTest : public ::testing::Test {
       av1::Frame ar;
       ar.set_seq(attach.frame.seq());
       *ar.mutable_attach_reply() = reply;
-      ar.mutable_attach_reply()->set_mapped_pages(initial.size());
+      if (reply.mapped_pages() == 0) {
+        ar.mutable_attach_reply()->set_mapped_pages(initial.size());
+      }
       peer_.Send(ar);
       // One page per frame, with this attach's seq.
       for (int64_t p : initial) {
@@ -584,35 +587,9 @@ TEST_F(SessionTest, AnAttachPastItsTimeoutEndsTheSession) {
   call_timeout_ = absl::Milliseconds(50);
   av1::AttachReply reply;
   *reply.mutable_layout() = Layout();
-  std::thread daemon([&] {
-    peer_.Accept();
-    ReceivedFrame hello = peer_.Next();
-    av1::Frame hr;
-    hr.set_seq(hello.frame.seq());
-    hr.mutable_hello_reply()->set_protocol_version(1);
-    peer_.Send(hr);
-    ReceivedFrame attach = peer_.Next();
-    ASSERT_TRUE(attach.frame.has_attach());
-    // The reply promises a page and the page never comes.
-    av1::Frame ar;
-    ar.set_seq(attach.frame.seq());
-    *ar.mutable_attach_reply() = reply;
-    ar.mutable_attach_reply()->set_mapped_pages(1);
-    peer_.Send(ar);
-  });
-  ConnectOptions c;
-  c.socket_path = peer_.path();
-  c.holder = "rank0";
-  c.call_timeout = call_timeout_;
-  auto s = Session::Connect(c);
-  ASSERT_TRUE(s.ok()) << s.status();
-  session_ = *std::move(s);
-  AttachOptions a;
-  a.pool = "kv";
-  auto r = session_->Attach(a);
-  daemon.join();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded)
-      << r.status();
+  reply.set_mapped_pages(1);  // and the page never comes
+  absl::Status r = ConnectAndAttach(reply, {});
+  EXPECT_EQ(r.code(), absl::StatusCode::kDeadlineExceeded) << r;
   EXPECT_EQ(session_->Capacity().status().code(),
             absl::StatusCode::kFailedPrecondition);
   // The daemon sees the connection end.
