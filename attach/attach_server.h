@@ -57,6 +57,7 @@
 #include "absl/time/time.h"
 #include "allocator/broker.h"
 #include "attach/block_set.h"
+#include "attach/frame.h"
 #include "attach/session_directory.h"
 #include "attach/unique_fd.h"
 #include "common/unix_socket.h"
@@ -81,7 +82,6 @@ struct AttachServerOptions {
 inline constexpr int64_t kMaxSessionBlocks = 16384;   // Alloc, Reserve, Free
 inline constexpr int64_t kMaxSessionPageList = 1024;  // Capacity.max_pages
 inline constexpr size_t kMaxHolderLength = 128;
-inline constexpr size_t kMaxIdLength = 128;  // request and reservation ids
 
 // What a holder left behind, for tests and operators.
 struct HolderInfo {

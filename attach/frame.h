@@ -54,6 +54,10 @@ inline constexpr size_t kHeaderBytes = 8;
 // (about 208 KiB by default), so bodies stay well below that.
 inline constexpr size_t kMaxFrameBytes = 128 * 1024;
 inline constexpr char kFrameMagic[4] = {'K', 'V', 'A', '1'};
+// Longest request or reservation id on a session, either way: the daemon
+// refuses a longer one (INVALID_ARGUMENT), the engine a reply naming one
+// (MALFORMED_FRAME).
+inline constexpr size_t kMaxIdLength = 128;
 
 // A status carrying `error` (payload kProtocolErrorUrl) with the code the
 // protocol assigns to it (INVALID_ARGUMENT for frame errors, UNIMPLEMENTED

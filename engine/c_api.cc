@@ -12,6 +12,9 @@
 #include "engine/kvbroker_engine.h"
 #include "engine/session.h"
 
+static_assert(KVB_MAX_ID_LENGTH == kvbroker::attach::kMaxIdLength,
+              "the C ABI's id bound is the protocol's");
+
 struct kvb_session {
   std::unique_ptr<kvbroker::engine::Session> session;
 };
@@ -270,18 +273,7 @@ __attribute__((visibility("default"))) int32_t kvb_reserve(
   absl::StatusOr<kvbroker::v1::ReserveResponse> r =
       s->session->Reserve(std::move(request));
   if (!r.ok()) return Report(r.status(), err);
-  if (r->reservation_id().empty() ||
-      r->reservation_id().size() > KVB_MAX_ID_LENGTH) {
-    // A daemon that broke the protocol's bound: give the blocks back
-    // rather than hold them under a name the caller never learns.
-    kvbroker::v1::ReleaseReservationRequest release;
-    release.set_reservation_id(r->reservation_id());
-    (void)s->session->ReleaseReservation(std::move(release));
-    return Report(absl::InternalError(absl::StrCat(
-                      "the daemon named its reservation with ",
-                      r->reservation_id().size(), " bytes; released it")),
-                  err);
-  }
+  // Session::Reserve refused an id longer than attach::kMaxIdLength.
   CopyString(r->reservation_id(), reservation_id, reservation_id_size);
   if (reserved != nullptr) *reserved = r->num_blocks();
   if (expire_unix_ns != nullptr) {

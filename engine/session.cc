@@ -331,9 +331,44 @@ std::optional<int64_t> Product(int64_t a, int64_t b) {
   return out;
 }
 
-// Writes an Alloc reply's ids to `out` (defined below with its callers).
+// Writes the ids of `r` (its pages' lists, then its runs) to `out`, which
+// has room for exactly r.num_blocks(); a reply that lists another number
+// is malformed, and nothing past `out` is written.
 absl::Status WriteAllocIds(const kv1::AllocResponse& r,
-                           absl::Span<int64_t> out);
+                           absl::Span<int64_t> out) {
+  size_t at = 0;
+  absl::Status why;  // what made the list wrong, when it is
+  for (const kv1::PageBlocks& p : r.pages()) {
+    const size_t n = static_cast<size_t>(p.block_ids_size());
+    if (n > out.size() - at) {
+      why = absl::InvalidArgumentError("its pages list more");
+      break;
+    }
+    std::copy(p.block_ids().begin(), p.block_ids().end(), out.begin() + at);
+    at += n;
+  }
+  if (why.ok()) why = WriteBlockRuns(r.block_runs(), out.subspan(at), &at);
+  if (!why.ok() || at != out.size()) {
+    return ProtocolFailure(
+        av1::MALFORMED_FRAME,
+        absl::StrCat("the daemon's Alloc reply says ", r.num_blocks(),
+                     " blocks and lists ", at, " ", why.message()));
+  }
+  return absl::OkStatus();
+}
+
+// MALFORMED_FRAME unless the Alloc reply `r` hands out between 0 and
+// `asked` blocks (`what` names the call in the message).
+absl::Status CheckAllocCount(const kv1::AllocResponse& r, int64_t asked,
+                             absl::string_view what) {
+  if (r.num_blocks() < 0 || r.num_blocks() > asked) {
+    return ProtocolFailure(
+        av1::MALFORMED_FRAME,
+        absl::StrCat("the daemon answered ", what, " of ", asked,
+                     " blocks with ", r.num_blocks(), " blocks"));
+  }
+  return absl::OkStatus();
+}
 
 // The daemon's PoolLayout is redundant (SPEC section 2 defines every field
 // from P, B, L, K and T); an engine maps pages at offsets and hands out
@@ -419,6 +454,20 @@ absl::Status Session::CheckHandedOut(absl::Span<const int64_t> ids) const {
   return absl::OkStatus();
 }
 
+absl::Status Session::ReadHandedOut(const kv1::AllocResponse& r,
+                                    absl::Span<int64_t> out) const {
+  KVB_RETURN_IF_ERROR(WriteAllocIds(r, out));
+  return CheckHandedOut(out);
+}
+
+absl::StatusOr<std::vector<int64_t>> Session::HandedOutIds(
+    const kv1::AllocResponse& r, int64_t asked, absl::string_view what) const {
+  KVB_RETURN_IF_ERROR(CheckAllocCount(r, asked, what));
+  std::vector<int64_t> ids(static_cast<size_t>(r.num_blocks()));
+  KVB_RETURN_IF_ERROR(ReadHandedOut(r, absl::MakeSpan(ids)));
+  return ids;
+}
+
 absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   PlainMutexLock lock(&mu_);
   if (attached_) {
@@ -492,17 +541,9 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
     }
   }
   // What the holder owns after the attach is on pages mapped by now.
-  const kv1::AllocResponse& redeemed = r.redeemed();
-  if (redeemed.num_blocks() < 0 ||
-      redeemed.num_blocks() > options.reservation_blocks) {
-    return ProtocolFailure(
-        av1::MALFORMED_FRAME,
-        absl::StrCat("the daemon redeemed ", redeemed.num_blocks(),
-                     " blocks of ", options.reservation_blocks, " asked"));
-  }
-  std::vector<int64_t> owned(static_cast<size_t>(redeemed.num_blocks()));
-  KVB_RETURN_IF_ERROR(WriteAllocIds(redeemed, absl::MakeSpan(owned)));
-  KVB_RETURN_IF_ERROR(CheckHandedOut(owned));
+  KVB_RETURN_IF_ERROR(
+      HandedOutIds(r.redeemed(), options.reservation_blocks, "the redemption")
+          .status());
   for (const kv1::PageBlocks& p : r.held()) {
     KVB_RETURN_IF_ERROR(CheckHandedOut(
         absl::MakeConstSpan(p.block_ids().data(), p.block_ids_size())));
@@ -583,14 +624,7 @@ absl::StatusOr<kv1::AllocResponse> Session::Alloc(kv1::AllocRequest request) {
       CallAttached(f, av1::Frame::kAllocReply, "an Alloc reply");
   if (!reply.ok()) return reply.status();
   const kv1::AllocResponse& r = (*reply)->alloc_reply();
-  if (r.num_blocks() < 0 || r.num_blocks() > asked) {
-    return ProtocolFailure(av1::MALFORMED_FRAME,
-                           absl::StrCat("the daemon answered Alloc(", asked,
-                                        ") with ", r.num_blocks(), " blocks"));
-  }
-  std::vector<int64_t> ids(static_cast<size_t>(r.num_blocks()));
-  KVB_RETURN_IF_ERROR(WriteAllocIds(r, absl::MakeSpan(ids)));
-  KVB_RETURN_IF_ERROR(CheckHandedOut(ids));
+  KVB_RETURN_IF_ERROR(HandedOutIds(r, asked, "an Alloc").status());
   return r;
 }
 
@@ -617,44 +651,9 @@ absl::StatusOr<const kv1::AllocResponse*> Session::CallAlloc(
       CallAttached(&alloc_request_, av1::Frame::kAllocReply, "an Alloc reply");
   if (!reply.ok()) return reply.status();
   const kv1::AllocResponse& r = (*reply)->alloc_reply();
-  if (r.num_blocks() < 0 || r.num_blocks() > num_blocks) {
-    return ProtocolFailure(
-        av1::MALFORMED_FRAME,
-        absl::StrCat("the daemon answered Alloc(", num_blocks, ") with ",
-                     r.num_blocks(), " blocks"));
-  }
+  KVB_RETURN_IF_ERROR(CheckAllocCount(r, num_blocks, "an Alloc"));
   return &r;
 }
-
-namespace {
-
-// Writes the ids of `r` (its pages' lists, then its runs) to `out`, which
-// has room for exactly r.num_blocks(); a reply that lists another number
-// is malformed, and nothing past `out` is written.
-absl::Status WriteAllocIds(const kv1::AllocResponse& r,
-                           absl::Span<int64_t> out) {
-  size_t at = 0;
-  absl::Status why;  // what made the list wrong, when it is
-  for (const kv1::PageBlocks& p : r.pages()) {
-    const size_t n = static_cast<size_t>(p.block_ids_size());
-    if (n > out.size() - at) {
-      why = absl::InvalidArgumentError("its pages list more");
-      break;
-    }
-    std::copy(p.block_ids().begin(), p.block_ids().end(), out.begin() + at);
-    at += n;
-  }
-  if (why.ok()) why = WriteBlockRuns(r.block_runs(), out.subspan(at), &at);
-  if (!why.ok() || at != out.size()) {
-    return ProtocolFailure(
-        av1::MALFORMED_FRAME,
-        absl::StrCat("the daemon's Alloc reply says ", r.num_blocks(),
-                     " blocks and lists ", at, " ", why.message()));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::vector<int64_t>> Session::Alloc(
     int64_t num_blocks, const std::string& request_id,
@@ -664,8 +663,7 @@ absl::StatusOr<std::vector<int64_t>> Session::Alloc(
       CallAlloc(num_blocks, request_id, reservation_id);
   if (!r.ok()) return r.status();
   std::vector<int64_t> ids(static_cast<size_t>((*r)->num_blocks()));
-  KVB_RETURN_IF_ERROR(WriteAllocIds(**r, absl::MakeSpan(ids)));
-  KVB_RETURN_IF_ERROR(CheckHandedOut(ids));
+  KVB_RETURN_IF_ERROR(ReadHandedOut(**r, absl::MakeSpan(ids)));
   return ids;
 }
 
@@ -682,9 +680,7 @@ absl::StatusOr<int64_t> Session::AllocInto(int64_t num_blocks,
       CallAlloc(num_blocks, request_id, reservation_id);
   if (!r.ok()) return r.status();
   const int64_t n = (*r)->num_blocks();
-  const absl::Span<int64_t> ids = out.first(static_cast<size_t>(n));
-  KVB_RETURN_IF_ERROR(WriteAllocIds(**r, ids));
-  KVB_RETURN_IF_ERROR(CheckHandedOut(ids));
+  KVB_RETURN_IF_ERROR(ReadHandedOut(**r, out.first(static_cast<size_t>(n))));
   return n;
 }
 
@@ -733,7 +729,17 @@ absl::StatusOr<kv1::ReserveResponse> Session::Reserve(
   absl::StatusOr<const av1::Frame*> reply =
       CallAttached(f, av1::Frame::kReserveReply, "a Reserve reply");
   if (!reply.ok()) return reply.status();
-  return (*reply)->reserve_reply();
+  const kv1::ReserveResponse& r = (*reply)->reserve_reply();
+  // A name no session could pass back (to Alloc or ReleaseReservation).
+  if (r.reservation_id().empty() ||
+      r.reservation_id().size() > attach::kMaxIdLength) {
+    return ProtocolFailure(
+        av1::MALFORMED_FRAME,
+        absl::StrCat("the daemon named its reservation with ",
+                     r.reservation_id().size(), " bytes (1 to ",
+                     attach::kMaxIdLength, " allowed)"));
+  }
+  return r;
 }
 
 absl::StatusOr<kv1::ReleaseReservationResponse> Session::ReleaseReservation(

@@ -280,6 +280,16 @@ class Session {
   // a page it has not mapped would fault.
   absl::Status CheckHandedOut(absl::Span<const int64_t> ids) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the ids of the Alloc reply `r` to `out` (room for exactly
+  // r.num_blocks()), then CheckHandedOut.
+  absl::Status ReadHandedOut(const kvbroker::v1::AllocResponse& r,
+                             absl::Span<int64_t> out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same into a vector, after checking that `r` hands out at most
+  // `asked` blocks (`what` names the call).
+  absl::StatusOr<std::vector<int64_t>> HandedOutIds(
+      const kvbroker::v1::AllocResponse& r, int64_t asked,
+      absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads until the daemon's SessionEnd answering `seq`, the daemon's own
   // SessionEnd, or the end of the stream, within close_timeout_.
   absl::Status AwaitSessionEnd(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

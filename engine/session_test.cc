@@ -535,6 +535,37 @@ TEST_F(SessionTest, BlocksOnPagesNotMappedAreRefused) {
   EXPECT_EQ(*mapped, std::vector<int64_t>{6});
 }
 
+// A reservation id no session could name back (empty, or past the
+// protocol's bound) is refused; a well-formed one is returned.
+TEST_F(SessionTest, ReserveRefusesANameNoSessionCouldPassBack) {
+  Open({2});
+  std::thread daemon([&] {
+    for (const std::string& id :
+         {std::string(), std::string(attach::kMaxIdLength + 1, 'r'),
+          std::string(attach::kMaxIdLength, 'r')}) {
+      ReceivedFrame reserve = peer_.Next();
+      ASSERT_TRUE(reserve.frame.has_reserve());
+      av1::Frame reply;
+      reply.set_seq(reserve.frame.seq());
+      reply.mutable_reserve_reply()->set_reservation_id(id);
+      reply.mutable_reserve_reply()->set_num_blocks(1);
+      peer_.Send(reply);
+    }
+  });
+  kv1::ReserveRequest request;
+  request.set_num_blocks(1);
+  auto empty = session_->Reserve(request);
+  auto too_long = session_->Reserve(request);
+  auto longest = session_->Reserve(request);
+  daemon.join();
+  EXPECT_EQ(ProtocolErrorOf(empty.status()), av1::MALFORMED_FRAME)
+      << empty.status();
+  EXPECT_EQ(ProtocolErrorOf(too_long.status()), av1::MALFORMED_FRAME)
+      << too_long.status();
+  ASSERT_TRUE(longest.ok()) << longest.status();
+  EXPECT_EQ(longest->reservation_id().size(), attach::kMaxIdLength);
+}
+
 TEST_F(SessionTest, AttachRefusesRedeemedBlocksOnPagesNotMapped) {
   av1::AttachReply reply;
   *reply.mutable_layout() = Layout();

@@ -399,8 +399,12 @@ def test_reservations_on_the_session_admit_exactly(daemon):
                                None, None, ctypes.byref(err)) == 3
         assert err.reason_name == b"INVALID_ARGUMENT"
         assert b"KVB_MAX_ID_LENGTH" in err.message
-        assert lib.kvb_alloc_reserved(s._handle, 1, b"", None, None, 0, None,
+        # An empty reservation id, with room for the block: refused, not
+        # taken as a plain kvb_alloc.
+        room = (ctypes.c_int64 * 1)()
+        assert lib.kvb_alloc_reserved(s._handle, 1, b"", None, room, 1, None,
                                       ctypes.byref(err)) == 3
+        assert b"reservation_id" in err.message
         assert cap(s) == (2, 62, 0)
         assert s.free(mine) == 12
         assert o.free(theirs) == 50

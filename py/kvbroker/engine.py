@@ -387,8 +387,7 @@ class Session:
             ctypes.byref(err)), err)
         if reply_spin:
             self.set_reply_spin(reply_spin)
-        if call_timeout != 30.0:
-            self.set_call_timeout(call_timeout)
+        self.set_call_timeout(call_timeout)
 
     def set_reply_spin(self, seconds):
         """How long each call polls for the daemon's reply before it sleeps
