@@ -1,6 +1,11 @@
 // The CUDA DeviceMapper: imported POSIX-fd handles mapped into a range
 // reserved with the driver's VMM API. libcuda is dlopen()ed on first use and
 // never linked, so the engine library loads on machines without a driver.
+//
+// The mapper runs on the engine's own threads, whose current CUDA context
+// belongs to the engine (its framework's device choice rests on it): every
+// driver call here runs under a ContextScope, which makes the device's
+// primary context current only for the call and puts the thread's own back.
 
 #include <dlfcn.h>
 
@@ -30,6 +35,7 @@ namespace {
   X(cuDeviceGetUuid)                 \
   X(cuDevicePrimaryCtxRetain)        \
   X(cuDevicePrimaryCtxRelease)       \
+  X(cuCtxGetCurrent)                 \
   X(cuCtxSetCurrent)                 \
   X(cuMemAddressReserve)             \
   X(cuMemAddressFree)                \
@@ -89,6 +95,41 @@ const Driver& LoadDriver() {
   return *driver;
 }
 
+// Makes `context` current on this thread for the scope's life and then
+// restores the context that was current before (none included). A thread
+// already on `context` costs one cuCtxGetCurrent.
+class ContextScope {
+ public:
+  ContextScope(const Driver& d, CUcontext context) : d_(d) {
+    CUresult r = d_.cuCtxGetCurrent(&previous_);
+    if (r != CUDA_SUCCESS) {
+      status_ = d_.Error(r, "cuCtxGetCurrent");
+      return;
+    }
+    if (previous_ == context) return;
+    r = d_.cuCtxSetCurrent(context);
+    if (r != CUDA_SUCCESS) {
+      status_ = d_.Error(r, "cuCtxSetCurrent");
+      return;
+    }
+    restore_ = true;
+  }
+  ~ContextScope() {
+    if (restore_) d_.cuCtxSetCurrent(previous_);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+  // Whether `context` is current; the driver's error otherwise.
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const Driver& d_;
+  CUcontext previous_ = nullptr;
+  bool restore_ = false;
+  absl::Status status_;
+};
+
 class CudaMapper final : public DeviceMapper {
  public:
   CudaMapper(const Driver& d, CUdevice device, CUcontext context,
@@ -96,7 +137,7 @@ class CudaMapper final : public DeviceMapper {
       : d_(d), device_(device), context_(context), base_(base), size_(size) {}
 
   ~CudaMapper() override {
-    d_.cuCtxSetCurrent(context_);
+    ContextScope scope(d_, context_);
     for (const auto& [offset, b] : bundles_) {
       d_.cuMemUnmap(base_ + offset, b.bytes);
       d_.cuMemRelease(b.handle);
@@ -119,8 +160,9 @@ class CudaMapper final : public DeviceMapper {
       return s;
     }
     if (bundles.empty()) return absl::OkStatus();
-    CUresult r = d_.cuCtxSetCurrent(context_);
-    if (r != CUDA_SUCCESS) return d_.Error(r, "cuCtxSetCurrent");
+    ContextScope scope(d_, context_);
+    if (!scope.status().ok()) return scope.status();
+    CUresult r;
     // Handles imported and mapped by this call, in offset order.
     std::vector<CUmemGenericAllocationHandle> handles;
     handles.reserve(bundles.size());
@@ -169,9 +211,9 @@ class CudaMapper final : public DeviceMapper {
       return absl::NotFoundError(
           absl::StrCat("no bundle mapped at offset ", offset));
     }
-    CUresult r = d_.cuCtxSetCurrent(context_);
-    if (r != CUDA_SUCCESS) return d_.Error(r, "cuCtxSetCurrent");
-    r = d_.cuMemUnmap(base_ + offset, it->second.bytes);
+    ContextScope scope(d_, context_);
+    if (!scope.status().ok()) return scope.status();
+    CUresult r = d_.cuMemUnmap(base_ + offset, it->second.bytes);
     if (r != CUDA_SUCCESS) return d_.Error(r, "cuMemUnmap");
     r = d_.cuMemRelease(it->second.handle);
     bundles_.erase(it);
@@ -247,10 +289,17 @@ absl::StatusOr<std::unique_ptr<DeviceMapper>> CreateCudaMapper(
       return d.Error(r, "cuDevicePrimaryCtxRetain");
     }
     CUdeviceptr base = 0;
-    if ((r = d.cuCtxSetCurrent(context)) != CUDA_SUCCESS ||
-        (r = d.cuMemAddressReserve(&base, size, 0, 0, 0)) != CUDA_SUCCESS) {
-      d.cuDevicePrimaryCtxRelease(device);
-      return d.Error(r, "cuMemAddressReserve");
+    {
+      ContextScope scope(d, context);
+      absl::Status s = scope.status();
+      if (s.ok() &&
+          (r = d.cuMemAddressReserve(&base, size, 0, 0, 0)) != CUDA_SUCCESS) {
+        s = d.Error(r, "cuMemAddressReserve");
+      }
+      if (!s.ok()) {
+        d.cuDevicePrimaryCtxRelease(device);
+        return s;
+      }
     }
     return std::unique_ptr<DeviceMapper>(
         new CudaMapper(d, device, context, base, size));

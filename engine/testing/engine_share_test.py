@@ -164,6 +164,14 @@ def run_share_scenario():
         if BACKEND == "cuda":
             # Written with kvbroker.engine.copy_into's compiled copy.
             assert writer.report["compiled_copies"] > 0, writer.report
+            # The library's driver calls leave the engine thread's current
+            # context as they found it: through the attach (which reserves
+            # the range), and the engine's own through an Alloc that mapped
+            # pages.
+            seen = writer.report["contexts"]
+            assert seen["after_attach"] == seen["before_attach"], seen
+            assert seen["own"] is not None, seen
+            assert seen["after_alloc"] == seen["own"], seen
 
         reader = Engine(daemon, "read", "reader",
                         ",".join(str(b) for b in blocks))

@@ -6,7 +6,10 @@ through per-layer views, with torch on CUDA or numpy on the host backend.
         allocates NUM_BLOCKS blocks and writes pattern(block, layer, buffer)
         into each (on CUDA each run of consecutive blocks at once, with
         kvbroker.engine.copy_into); prints {"blocks": [...],
-        "mapped_pages": N}
+        "mapped_pages": N}, and on CUDA "contexts": the thread's current
+        CUDA context before and after the attach, a context of its own made
+        current before the Alloc that maps the pages, and the one current
+        after it
     engine_share_worker.py read SOCKET HOLDER POOL BLOCK,BLOCK,...
         allocates nothing; compares each named block's bytes with the
         pattern through its own mapping; prints {"checked_bytes": N,
@@ -53,6 +56,44 @@ def runs(blocks):
     return out
 
 
+class Contexts:
+    """The calling thread's CUDA contexts through the driver (ctypes), to
+    see whether the engine library leaves them as it found them."""
+
+    def __init__(self):
+        import ctypes
+        self.c = ctypes
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.check(self.cuda.cuInit(0), "cuInit")
+
+    def check(self, rc, call):
+        if rc != 0:
+            raise SystemExit("%s: CUDA error %d" % (call, rc))
+
+    def current(self):
+        ctx = self.c.c_void_p()
+        self.check(self.cuda.cuCtxGetCurrent(self.c.byref(ctx)),
+                   "cuCtxGetCurrent")
+        return ctx.value
+
+    def push_own(self):
+        """Creates a context on device 0 (not its primary one) and makes it
+        current; returns it."""
+        dev = self.c.c_int()
+        self.check(self.cuda.cuDeviceGet(self.c.byref(dev), 0), "cuDeviceGet")
+        ctx = self.c.c_void_p()
+        self.check(self.cuda.cuCtxCreate_v2(self.c.byref(ctx), 0, dev),
+                   "cuCtxCreate")
+        return ctx.value
+
+    def pop_and_destroy(self, ctx):
+        popped = self.c.c_void_p()
+        self.check(self.cuda.cuCtxPopCurrent_v2(self.c.byref(popped)),
+                   "cuCtxPopCurrent")
+        self.check(self.cuda.cuCtxDestroy_v2(self.c.c_void_p(ctx)),
+                   "cuCtxDestroy")
+
+
 def layer_views(session):
     """{(layer, buffer): tensor or array of shape (max_blocks, block_bytes)}
     over the session's mapping, without a copy."""
@@ -70,12 +111,22 @@ def layer_views(session):
 
 def main(argv):
     role, socket_path, holder, pool, arg = argv[1:6]
+    contexts = Contexts() if BACKEND == "cuda" and role == "write" else None
+    seen = {}
+    if contexts:
+        seen["before_attach"] = contexts.current()
     session = engine.Session(socket_path, holder=holder)
     session.attach(pool)
     lay = session.layout
     per_page = lay.page_size // lay.block_bytes
     if role == "write":
+        if contexts:
+            seen["after_attach"] = contexts.current()
+            seen["own"] = contexts.push_own()
         blocks = session.alloc(int(arg))
+        if contexts:
+            seen["after_alloc"] = contexts.current()
+            contexts.pop_and_destroy(seen["own"])
         need = len({b // per_page for b in blocks})
         if session.mapped_pages < need:
             # Touching a page that is not mapped here would crash.
@@ -101,6 +152,7 @@ def main(argv):
         if BACKEND == "cuda":
             # How many of the copies took copy_into's compiled path.
             out["compiled_copies"] = engine._compiled_copies
+            out["contexts"] = seen
     elif role == "read":
         blocks = [int(b) for b in arg.split(",")]
         need = len({b // per_page for b in blocks})
