@@ -30,6 +30,7 @@ absl::Status PageAnnouncer::ExportLocked(PageId p, MappedPage* out) {
 void PageAnnouncer::Announce(absl::Span<const PageId> pages) {
   absl::MutexLock lock(&mu_);
   std::vector<MappedPage> news;
+  std::vector<PageId> not_passed;
   for (PageId p : pages) {
     announced_[p] = true;
     ++announced_count_;
@@ -40,12 +41,15 @@ void PageAnnouncer::Announce(absl::Span<const PageId> pages) {
       std::fprintf(stderr, "kvbroker: pool %s: cannot export page %ld: %s\n",
                    geometry_->config().name.c_str(), static_cast<long>(p),
                    s.ToString().c_str());
+      not_passed.push_back(p);
       continue;
     }
     news.push_back(std::move(m));
   }
-  if (news.empty()) return;
-  for (PageListener* l : listeners_) l->OnPagesMapped(news);
+  for (PageListener* l : listeners_) {
+    if (!news.empty()) l->OnPagesMapped(news);
+    if (!not_passed.empty()) l->OnPagesNotPassed(not_passed);
+  }
 }
 
 void PageAnnouncer::Withdraw(absl::Span<const PageId> pages) {

@@ -4,7 +4,8 @@
 //   - Announce: a page's mapping transaction succeeded on every device; the
 //     page is still in flight, held by the calling thread, so no block on it
 //     has been handed out. Every listener gets it (with its exported fds)
-//     before Announce returns.
+//     before Announce returns, or, when a handle cannot be exported, hears
+//     that the page was not passed (PageListener::OnPagesNotPassed).
 //   - Withdraw: a page is about to be unmapped (in flight, held by the
 //     calling thread); from now on no snapshot names it and its fds may
 //     close.
@@ -107,8 +108,8 @@ class PageAnnouncer {
 
   int64_t listeners() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t announced_pages() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Pages whose handles could not be exported when announced (their news
-  // reached no listener; logged).
+  // Pages whose handles could not be exported when announced (listeners
+  // heard OnPagesNotPassed; logged).
   int64_t export_failures() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

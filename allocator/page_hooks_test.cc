@@ -57,8 +57,12 @@ class RecordingListener : public PageListener {
     deadlines.push_back(deadline);
     events.push_back("revoked");
   }
+  void OnPagesNotPassed(absl::Span<const PageId> pages) override {
+    not_passed.insert(not_passed.end(), pages.begin(), pages.end());
+  }
   void OnPoolClosed() override { events.push_back("closed"); }
   std::vector<std::string> events;
+  std::vector<PageId> not_passed;
   PagePool* pool_;
   std::vector<uint64_t> revocations;
   std::vector<PageId> revoked;
@@ -201,6 +205,27 @@ TEST_F(PageHooksTest, ListenersHearOfPagesBeforeTheirBlocksAndSnapshotsAgree) {
   EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
+TEST_F(PageHooksTest, APageThatCannotBeExportedIsNamedToEveryListener) {
+  auto pool = MakePool(/*max_idle=*/0);
+  RecordingListener a(pool.get()), b(pool.get());
+  ASSERT_TRUE(pool->AddPageListener(&a, [](auto) {}).ok());
+  ASSERT_TRUE(pool->AddPageListener(&b, [](auto) {}).ok());
+  // Pages 0 and 1 are exported in order, device 0 then 1: the third export
+  // is page 1's on device 0.
+  backend_.AddFault(
+      FaultRule{BackendOp::kExportHandle, FaultKind::kError, /*nth=*/3});
+  const std::vector<BlockId> six = Alloc(*pool, 6, "");
+  // The pool's own mapping stands: the caller holds its blocks.
+  EXPECT_EQ(six.size(), 6u);
+  for (RecordingListener* l : {&a, &b}) {
+    EXPECT_EQ(l->heard, (std::vector<PageId>{0}));
+    EXPECT_EQ(l->not_passed, (std::vector<PageId>{1}));
+  }
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+  pool->RemovePageListener(&a);
+  pool->RemovePageListener(&b);
+}
+
 TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {
   auto pool = MakePool(/*max_idle=*/1);
   const int baseline = OpenFds();
@@ -280,7 +305,7 @@ TEST_F(PageHooksTest, ShutdownRevokesWhatListenersMapAndReleasesAsTheyLetGo) {
   RecordingListener a(pool.get()), b(pool.get());
   ASSERT_TRUE(pool->AddPageListener(&a, [](auto) {}).ok());
   ASSERT_TRUE(pool->AddPageListener(&b, [](auto) {}).ok());
-  Alloc(*pool, 8, "");  // pages 0 and 1
+  Alloc(*pool, 8, "");                                     // pages 0 and 1
   const std::vector<BlockId> third = Alloc(*pool, 4, "");  // page 2
   Free(*pool, third);  // page 2 revoking: its own revocation
   ASSERT_EQ(a.revocations.size(), 1u);
@@ -297,8 +322,7 @@ TEST_F(PageHooksTest, ShutdownRevokesWhatListenersMapAndReleasesAsTheyLetGo) {
   EXPECT_EQ(a.events,
             (std::vector<std::string>{"revoked", "revoked", "closed"}));
   EXPECT_EQ(b.events, a.events);
-  EXPECT_EQ(GetReason(pool->Capacity().status()),
-            FailureReason::kPoolNotFound);
+  EXPECT_EQ(GetReason(pool->Capacity().status()), FailureReason::kPoolNotFound);
   // Nobody joins a closed pool.
   RecordingListener late(pool.get());
   EXPECT_EQ(GetReason(pool->AddPageListener(&late, [](auto) {})),

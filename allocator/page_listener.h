@@ -34,6 +34,15 @@ class PageListener {
   // should only queue work (it delays that mapping call).
   virtual void OnPagesMapped(absl::Span<const MappedPage> pages) = 0;
 
+  // `pages` were just mapped but could not be passed on: exporting one of
+  // their handles failed (the daemon out of file descriptors, or a driver
+  // refusal). The listener cannot map them, and blocks on them may be
+  // handed to its holder next, so it must stop handing out blocks (the
+  // attach server ends the session with PAGE_NOT_PASSED). Called after the
+  // OnPagesMapped of the same mapping, if any. Same calling rules as
+  // OnPagesMapped.
+  virtual void OnPagesNotPassed(absl::Span<const PageId> pages) = 0;
+
   // The pool wants to unmap `pages`, which this listener knows as mapped.
   // The listener has its engine unmap them and then calls
   // PagePool::AckRevocation(this, revocation_id); leaving (RemovePageListener)

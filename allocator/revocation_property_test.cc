@@ -34,6 +34,7 @@ using reference::ReferenceModel;
 class Listener : public PageListener {
  public:
   void OnPagesMapped(absl::Span<const MappedPage>) override {}
+  void OnPagesNotPassed(absl::Span<const PageId>) override {}
   void OnPagesRevoked(uint64_t id, absl::Span<const PageId>,
                       absl::Time) override {
     pending.push_back(id);

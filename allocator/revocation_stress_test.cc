@@ -26,6 +26,7 @@ namespace {
 class QueueListener : public PageListener {
  public:
   void OnPagesMapped(absl::Span<const MappedPage>) override {}
+  void OnPagesNotPassed(absl::Span<const PageId>) override {}
   void OnPagesRevoked(uint64_t id, absl::Span<const PageId>,
                       absl::Time) override {
     absl::MutexLock lock(&mu_);

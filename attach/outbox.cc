@@ -57,6 +57,12 @@ int64_t Outbox::QueueSnapshot(absl::Span<const MappedPage> pages,
   return static_cast<int64_t>(pages.size());
 }
 
+void Outbox::OnPagesNotPassed(absl::Span<const PageId> pages) {
+  absl::MutexLock lock(&mu_);
+  broken_ = true;
+  pending_.store(true, std::memory_order_seq_cst);
+}
+
 void Outbox::OnPagesRevoked(uint64_t revocation_id,
                             absl::Span<const PageId> pages,
                             absl::Time deadline) {

@@ -75,6 +75,10 @@ class Outbox : public PageListener {
   // The same with `seq` (an attach's snapshot); returns the pages queued.
   int64_t QueueSnapshot(absl::Span<const MappedPage> pages, uint64_t seq)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The engine cannot learn of these pages: the outbox breaks (broken()),
+  // and the session ends with PAGE_NOT_PASSED before its next reply.
+  void OnPagesNotPassed(absl::Span<const PageId> pages) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A Revoke frame (seq 0) for the pool's revocation.
   void OnPagesRevoked(uint64_t revocation_id, absl::Span<const PageId> pages,
                       absl::Time deadline) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -105,7 +109,8 @@ class Outbox : public PageListener {
   // Whether anything was queued (or the outbox broke) and not yet sent; no
   // lock, no syscall. False means Drain has nothing to send.
   bool pending() const { return pending_.load(std::memory_order_seq_cst); }
-  // A duplicate fd could not be made: the engine missed a page.
+  // A duplicate fd could not be made, or the pool could not export a page:
+  // the engine missed a page.
   bool broken() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages sent in PagesMapped frames so far.
   int64_t pages_sent() const ABSL_LOCKS_EXCLUDED(mu_);

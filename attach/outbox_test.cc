@@ -1,7 +1,8 @@
 // Outbox: queued frames go out in order with their fds; a Drain with
 // nothing queued touches nothing; while the session thread waits, whoever
 // queues a frame sends it at once, and a frame that would block stays
-// queued until the session thread sends it.
+// queued until the session thread sends it; a page the engine cannot learn
+// of breaks the outbox.
 
 #include "attach/outbox.h"
 
@@ -80,6 +81,20 @@ TEST(OutboxTest, QueuedFramesGoOutInOrderWithTheirFds) {
   EXPECT_EQ(testing::CountOpenFds().value_or(-1), before);
 }
 
+TEST(OutboxTest, APageNotPassedBreaksTheOutbox) {
+  auto pair = FrameChannel::Pair();
+  ASSERT_TRUE(pair.ok());
+  auto& [daemon, engine] = *pair;
+  Outbox outbox(&daemon);
+  outbox.SetDevices({0});
+  EXPECT_FALSE(outbox.broken());
+  outbox.OnPagesNotPassed({PageId{3}});
+  // The session thread sees it before its next reply and ends the session.
+  EXPECT_TRUE(outbox.pending());
+  EXPECT_TRUE(outbox.broken());
+  EXPECT_FALSE(Readable(engine.fd()));
+}
+
 TEST(OutboxTest, WhileTheSessionWaitsTheQueuingThreadSends) {
   auto pair = FrameChannel::Pair();
   ASSERT_TRUE(pair.ok());
@@ -117,9 +132,8 @@ TEST(OutboxTest, AFrameThatWouldBlockStaysQueuedInOrder) {
   FrameChannel& engine = pair->second;
   // A small send buffer fills after a few frames.
   const int small = 4096;
-  ASSERT_EQ(setsockopt(daemon.fd(), SOL_SOCKET, SO_SNDBUF, &small,
-                       sizeof(small)),
-            0);
+  ASSERT_EQ(
+      setsockopt(daemon.fd(), SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)), 0);
   Outbox outbox(&daemon);
   outbox.BeginWait();
   uint64_t queued = 0;
