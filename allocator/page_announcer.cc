@@ -11,10 +11,12 @@
 
 namespace kvbroker {
 
-PageAnnouncer::PageAnnouncer(const Geometry* geometry, BundleMapper* mapper)
+PageAnnouncer::PageAnnouncer(const Geometry* geometry, BundleMapper* mapper,
+                             int64_t max_revocation_pages)
     : geometry_(geometry),
       mapper_(mapper),
-      announced_(geometry->page_count().value(), false) {}
+      announced_(geometry->page_count().value(), false),
+      max_revocation_pages_(std::max<int64_t>(1, max_revocation_pages)) {}
 
 absl::Status PageAnnouncer::ExportLocked(PageId p, MappedPage* out) {
   out->page = p;
@@ -83,10 +85,8 @@ absl::Status PageAnnouncer::AddListener(
 }
 
 std::vector<PageId> PageAnnouncer::Revoke(absl::Span<const PageId> pages,
-                                          absl::Time deadline,
-                                          uint64_t* revocation_id) {
+                                          absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  *revocation_id = 0;
   std::vector<PageId> now, known;
   for (PageId p : pages) {
     if (announced_[p]) {
@@ -99,11 +99,15 @@ std::vector<PageId> PageAnnouncer::Revoke(absl::Span<const PageId> pages,
     }
     now.push_back(p);
   }
-  if (known.empty()) return now;
-  const uint64_t id = next_revocation_id_++;
-  *revocation_id = id;
-  for (PageListener* l : listeners_) l->OnPagesRevoked(id, known, deadline);
-  revocations_[id] = Revocation{std::move(known), listeners_, deadline};
+  for (size_t first = 0; first < known.size();
+       first += static_cast<size_t>(max_revocation_pages_)) {
+    const size_t end = std::min(
+        known.size(), first + static_cast<size_t>(max_revocation_pages_));
+    std::vector<PageId> part(known.begin() + first, known.begin() + end);
+    const uint64_t id = next_revocation_id_++;
+    for (PageListener* l : listeners_) l->OnPagesRevoked(id, part, deadline);
+    revocations_[id] = Revocation{std::move(part), listeners_, deadline};
+  }
   return now;
 }
 

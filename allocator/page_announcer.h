@@ -53,7 +53,10 @@ namespace kvbroker {
 class PageAnnouncer {
  public:
   // `geometry` and `mapper` must outlive the announcer.
-  PageAnnouncer(const Geometry* geometry, BundleMapper* mapper);
+  // A revocation names at most `max_revocation_pages` pages (values below
+  // 1 read as 1).
+  PageAnnouncer(const Geometry* geometry, BundleMapper* mapper,
+                int64_t max_revocation_pages = kMaxRevocationPages);
 
   PageAnnouncer(const PageAnnouncer&) = delete;
   PageAnnouncer& operator=(const PageAnnouncer&) = delete;
@@ -66,11 +69,10 @@ class PageAnnouncer {
 
   // Of `pages` (each mapped, announced or not, and held in flight by the
   // caller, which meant to unmap it), withdraws them all and returns those
-  // the caller may unmap now; the others wait for acknowledgements under
-  // `*revocation_id` (0 when none wait).
+  // the caller may unmap now; the others wait for acknowledgements, in
+  // revocations of at most max_revocation_pages pages each.
   std::vector<PageId> Revoke(absl::Span<const PageId> pages,
-                             absl::Time deadline, uint64_t* revocation_id)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                             absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // `listener` acknowledges revocation `id`. Returns the pages now free to
   // unmap (empty while other listeners have yet to answer). NOT_FOUND when
   // `id` is not pending for `listener`.
@@ -136,6 +138,7 @@ class PageAnnouncer {
     std::vector<PageListener*> waiting;
     absl::Time deadline;
   };
+  const int64_t max_revocation_pages_;
   uint64_t next_revocation_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Ordered by id: revocations completed together land oldest first.
   std::map<uint64_t, Revocation> revocations_ ABSL_GUARDED_BY(mu_);

@@ -83,8 +83,9 @@ class PageHooksTest : public ::testing::Test {
   }
 
   // P = 2 MiB, B = 512 KiB: 4 blocks per page, 8 pages, devices {0, 1}.
-  std::unique_ptr<PagePool> MakePool(int64_t max_idle,
-                                     bool export_at_map = false) {
+  std::unique_ptr<PagePool> MakePool(
+      int64_t max_idle, bool export_at_map = false,
+      int64_t max_revocation_pages = kMaxRevocationPages) {
     PoolConfig c;
     c.name = "p";
     c.export_at_map = export_at_map;
@@ -96,6 +97,7 @@ class PageHooksTest : public ::testing::Test {
     o.min_idle_pages = 0;
     o.max_idle_pages = max_idle;
     o.revoke_timeout = absl::Seconds(5);
+    o.max_revocation_pages = max_revocation_pages;
     auto pool = PagePool::Create(c, &backend_, &budgets_, &clock_, o);
     EXPECT_TRUE(pool.ok()) << pool.status();
     return pool.ok() ? *std::move(pool) : nullptr;
@@ -224,6 +226,33 @@ TEST_F(PageHooksTest, APageThatCannotBeExportedIsNamedToEveryListener) {
   EXPECT_TRUE(pool->CheckInvariants().ok());
   pool->RemovePageListener(&a);
   pool->RemovePageListener(&b);
+}
+
+TEST_F(PageHooksTest, AnUnmapOfManyPagesIsRevokedInBoundedParts) {
+  auto pool = MakePool(/*max_idle=*/0, /*export_at_map=*/false,
+                       /*max_revocation_pages=*/2);
+  RecordingListener l(pool.get());
+  ASSERT_TRUE(pool->AddPageListener(&l, [](auto) {}).ok());
+  const std::vector<BlockId> blocks = Alloc(*pool, 20, "");  // pages 0-4
+  ASSERT_EQ(l.heard, (std::vector<PageId>{0, 1, 2, 3, 4}));
+  Free(*pool, blocks);
+  // Five pages, at most two a revocation.
+  ASSERT_EQ(l.revocations.size(), 3u);
+  EXPECT_EQ(l.revoked, (std::vector<PageId>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(pool->pending_revocations(&l), 3);
+  EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 5);
+  // Each acknowledgement lands its own part.
+  ASSERT_TRUE(pool->AckRevocation(&l, l.revocations[0]).ok());
+  EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 3);
+  ASSERT_TRUE(pool->AckRevocation(&l, l.revocations[2]).ok());
+  EXPECT_EQ(pool->Capacity()->pages_revoking.value(), 2);
+  ASSERT_TRUE(pool->AckRevocation(&l, l.revocations[1]).ok());
+  CapacitySnapshot c = *pool->Capacity();
+  EXPECT_EQ(c.pages_revoking.value(), 0);
+  EXPECT_EQ(c.available_blocks.value(), 32);
+  EXPECT_EQ(pool->pending_revocations(&l), 0);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+  pool->RemovePageListener(&l);
 }
 
 TEST_F(PageHooksTest, ExportedFdsCloseWithTheirHandles) {

@@ -6,6 +6,7 @@
 #ifndef KVBROKER_ALLOCATOR_PAGE_LISTENER_H_
 #define KVBROKER_ALLOCATOR_PAGE_LISTENER_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -21,6 +22,12 @@ struct MappedPage {
   // the pool: valid only during the call that passes it; dup what you keep.
   std::vector<int> fds;
 };
+
+// A revocation names at most this many pages: a pool that unmaps more at
+// once (a trim, a lowered limit, a delete) revokes them in several, so that
+// a listener can pass each on whole in one bounded message (the attach
+// protocol's Revoke frame, at most 10 bytes a page id, fits its 128 KiB).
+inline constexpr int64_t kMaxRevocationPages = 8192;
 
 class PageListener {
  public:

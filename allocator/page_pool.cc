@@ -269,8 +269,7 @@ int64_t PagePool::CompleteUnmapsLocked(std::vector<Unmap>* unmaps,
   std::vector<PageId> now;
   ++calls_in_flight_;
   WithoutLock([&] {
-    uint64_t revocation = 0;
-    now = announcer_.Revoke(ids, deadline, &revocation);
+    now = announcer_.Revoke(ids, deadline);
     size_t i = 0;
     for (Unmap& u : *unmaps) {
       if (i < now.size() && now[i] == u.page) {

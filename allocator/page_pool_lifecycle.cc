@@ -27,7 +27,7 @@ PagePool::PagePool(Geometry geometry, Backend* backend, DeviceBudgets* budgets,
       free_one_step_blocks_(static_cast<size_t>(
           std::max<int64_t>(0, options_.free_one_step_blocks))),
       mapper_(&geometry_, backend, budgets),
-      announcer_(&geometry_, &mapper_),
+      announcer_(&geometry_, &mapper_, options_.max_revocation_pages),
       ledger_(&geometry_),
       tags_(geometry_.max_blocks()),
       reservations_(options_.expired_reservations_remembered),
@@ -186,8 +186,7 @@ absl::Status PagePool::Shutdown(bool force) {
   const absl::Time deadline = clock_->Now() + options_.revoke_timeout;
   std::vector<PageId> unknown;
   WithoutLock([&] {
-    uint64_t revocation = 0;
-    unknown = announcer_.Revoke(mapped, deadline, &revocation);
+    unknown = announcer_.Revoke(mapped, deadline);
     announcer_.Close();
   });
   for (PageId p : unknown) engines_hold_[p] = false;

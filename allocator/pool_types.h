@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "allocator/device_budget.h"
 #include "allocator/page_ledger.h"
+#include "allocator/page_listener.h"
 #include "allocator/units.h"
 #include "common/consecutive_ids.h"
 
@@ -228,6 +229,9 @@ struct PoolOptions {
   // How long engines have to acknowledge a revocation (PageListener) before
   // its pages count as QUARANTINED.
   absl::Duration revoke_timeout = absl::Seconds(10);
+  // Pages one revocation names at most (page_listener.h); an unmap of more
+  // is revoked in several. Tests set fewer.
+  int64_t max_revocation_pages = kMaxRevocationPages;
   // Pages a long locked walk covers between two releases of the pool lock
   // (docs/design.md, "Bounded lock hold"); values below 1 read as 1.
   int64_t step_pages = 1;

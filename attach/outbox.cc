@@ -63,6 +63,10 @@ void Outbox::OnPagesNotPassed(absl::Span<const PageId> pages) {
   pending_.store(true, std::memory_order_seq_cst);
 }
 
+// A Revoke of a whole revocation goes out in one frame: its packed page
+// ids (at most 10 bytes each), the id and the deadline fit.
+static_assert(kMaxRevocationPages * 10 + 64 <= kMaxFrameBytes);
+
 void Outbox::OnPagesRevoked(uint64_t revocation_id,
                             absl::Span<const PageId> pages,
                             absl::Time deadline) {
