@@ -29,8 +29,6 @@ using attach::ReceivedFrame;
 // The most ids the kept Free request keeps room for between calls (8 KiB
 // in each of its two lists); a larger Free's room is given back after it.
 constexpr int kKeptRequestIds = 1024;
-// Calls that gave up waiting whose late replies are still recognised.
-constexpr size_t kMaxAbandoned = 64;
 
 Session::Session(FrameChannel channel, const ConnectOptions& options)
     : channel_(std::move(channel)),
@@ -106,10 +104,6 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
     // The socket's receive timeout is call_timeout_ (ApplyCallTimeout).
     if (absl::Status s = channel_.ReceiveInto(got, &fds); !s.ok()) {
       if (absl::IsDeadlineExceeded(s)) {
-        if (abandoned_.size() == kMaxAbandoned) {
-          abandoned_.erase(abandoned_.begin());
-        }
-        abandoned_.push_back(seq);
         return absl::DeadlineExceededError(absl::StrCat(
             "no reply from the daemon within ",
             absl::FormatDuration(call_timeout_),
@@ -122,6 +116,11 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
       return s;
     }
     if (got->seq() != seq) {
+      // An event that fails fails the call at once: the event's error is
+      // what the caller must see, and a bad frame may have been the reply
+      // itself, so waiting for the reply could wait for nothing. The reply,
+      // when it comes, is then that of an earlier call and is dropped
+      // (HandleEvent); the call's outcome is unknown, as after a timeout.
       if (absl::Status s = HandleEvent(*got, std::move(fds)); !s.ok()) return s;
       continue;
     }
@@ -159,13 +158,6 @@ void Session::ApplyCallTimeout() {
   setsockopt(channel_.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
-bool Session::TakeAbandoned(uint64_t seq) {
-  auto it = std::find(abandoned_.begin(), abandoned_.end(), seq);
-  if (it == abandoned_.end()) return false;
-  abandoned_.erase(it);
-  return true;
-}
-
 absl::StatusOr<const av1::Frame*> Session::CallAttached(
     av1::Frame* request, av1::Frame::BodyCase expected, const char* what) {
   if (absl::Status s = CheckAttached(); !s.ok()) return s;
@@ -180,8 +172,6 @@ absl::StatusOr<const av1::Frame*> Session::CallAttached(
 
 absl::Status Session::HandleEvent(const av1::Frame& f,
                                   std::vector<UniqueFd> fds) {
-  // The late reply of a call that gave up waiting (its fds close here).
-  if (f.seq() != 0 && TakeAbandoned(f.seq())) return absl::OkStatus();
   switch (f.body_case()) {
     case av1::Frame::kPagesMapped:
       return MapPages(f.pages_mapped(), std::move(fds));
@@ -206,6 +196,13 @@ absl::Status Session::HandleEvent(const av1::Frame& f,
       // call that sent it gets its own reply.
       return absl::OkStatus();
     default:
+      // Calls are synchronous under mu_, so a reply whose seq is below
+      // next_seq_ (and is not that of the call in progress, which Call reads
+      // itself) answers a call that already returned: it gave up waiting, or
+      // an event or a bad frame failed it first. Only replies are dropped by
+      // their seq, never the events above: the daemon sends an attach's
+      // PagesMapped with the attach's seq and believes those pages mapped.
+      if (f.seq() != 0 && f.seq() < next_seq_) return absl::OkStatus();
       return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
                              absl::StrCat("unexpected message ", f.body_case(),
                                           " with seq ", f.seq()));

@@ -29,6 +29,10 @@
 // Errors: the daemon's typed failures come back as absl::Status with the
 // kvbroker Failure payload (allocator/failure.h: GetReason) or a
 // ProtocolError (attach/frame.h: ProtocolErrorOf), exactly as over gRPC.
+// A call that fails because of what the daemon sent while it waited (pages
+// that cannot be mapped, a failed revocation, a bad frame) returns that
+// error at once; as after DEADLINE_EXCEEDED, its outcome is unknown and its
+// reply, when it comes, is dropped.
 //
 // Thread safety: every method may be called from any thread; calls are
 // serialised by an internal lock. The revocation callback runs on the
@@ -247,14 +251,13 @@ class Session {
   // Sends `request` (from NewRequest) with a fresh seq and reads until its
   // reply, handling daemon-initiated messages on the way. The reply is a
   // frame of frames_: valid until the next NewRequest. DEADLINE_EXCEEDED
-  // when no frame came for call_timeout_, the seq then abandoned.
+  // when no frame came for call_timeout_. Returns at once, with the event's
+  // error, when an event read on the way fails; a reply that comes after
+  // its call returned is dropped (HandleEvent).
   absl::StatusOr<const attach::v1::Frame*> Call(attach::v1::Frame* request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the socket's receive timeout to call_timeout_.
   void ApplyCallTimeout() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `seq` is that of a call that gave up waiting; its late reply
-  // is then forgotten (a reply comes once).
-  bool TakeAbandoned(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Call on an attached session, refusing a reply that is not `expected`
   // (`what` names it: "an Alloc reply").
   absl::StatusOr<const attach::v1::Frame*> CallAttached(
@@ -264,7 +267,9 @@ class Session {
   // the daemon sent before it closed, without blocking; returns the status
   // of its SessionEnd (OK when none came).
   absl::Status ReadAfterHangup() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Handles a message the daemon started (seq 0).
+  // Handles a frame that is not the reply of the call in progress: a
+  // message the daemon started (PagesMapped, Revoke, SessionEnd, Error),
+  // or the late reply of a call that already returned, which is dropped.
   absl::Status HandleEvent(const attach::v1::Frame& f,
                            std::vector<UniqueFd> fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -308,10 +313,6 @@ class Session {
   // changes it.
   int64_t reply_spin_ns_ ABSL_GUARDED_BY(mu_);
   absl::Duration call_timeout_ ABSL_GUARDED_BY(mu_);
-  // Seqs of calls that gave up before their reply came, oldest first; at
-  // most kMaxAbandoned (the oldest are forgotten: a reply that late is a
-  // protocol error).
-  std::vector<uint64_t> abandoned_ ABSL_GUARDED_BY(mu_);
   // The frames of the call in progress (attach/frame.h, kFrameArenaBytes).
   alignas(std::max_align_t) char frame_block_[attach::kFrameArenaBytes];
   google::protobuf::Arena frames_ ABSL_GUARDED_BY(mu_);

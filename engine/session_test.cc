@@ -612,6 +612,113 @@ TEST_F(SessionTest, ACallPastItsTimeoutGivesUpAndDropsTheLateReply) {
   EXPECT_EQ(*next, std::vector<int64_t>{4});
 }
 
+// Answers the next `n` Capacity calls, in order.
+void AnswerCapacity(Peer* peer, int n) {
+  for (int i = 0; i < n; ++i) {
+    ReceivedFrame call = peer->Next();
+    ASSERT_TRUE(call.frame.has_capacity());
+    av1::Frame reply;
+    reply.set_seq(call.frame.seq());
+    reply.mutable_capacity_reply();
+    peer->Send(reply);
+  }
+}
+
+// An event that fails during a call fails the call with the event's error;
+// the call's reply, which follows, is dropped as a late one, and the calls
+// after it get their own replies.
+TEST_F(SessionTest, AnEventThatFailsACallLeavesLaterCallsInStep) {
+  Open({});
+  std::thread daemon([&] {
+    ReceivedFrame alloc = peer_.Next();
+    ASSERT_TRUE(alloc.frame.has_alloc());
+    av1::Frame pm;  // two pages, one fd
+    pm.mutable_pages_mapped()->add_page_ids(1);
+    pm.mutable_pages_mapped()->add_page_ids(2);
+    peer_.Send(pm, {bundles_[1]->fd.get()});
+    peer_.Send(AllocReply(alloc.frame.seq(), 3, 6));
+    AnswerCapacity(&peer_, 1);
+    // A frame the channel refuses (a Revoke may carry no fd), then the
+    // reply.
+    ReceivedFrame free = peer_.Next();
+    ASSERT_TRUE(free.frame.has_free());
+    av1::Frame rv;
+    rv.mutable_revoke()->set_revoke_id(1);
+    peer_.Send(rv, {bundles_[0]->fd.get()});
+    av1::Frame freed;
+    freed.set_seq(free.frame.seq());
+    freed.mutable_free_reply()->set_freed_blocks(1);
+    peer_.Send(freed);
+    AnswerCapacity(&peer_, 2);
+  });
+  auto alloc = session_->Alloc(1);
+  auto first = session_->Capacity();
+  const std::vector<int64_t> six = {6};
+  auto free = session_->Free(six);
+  auto second = session_->Capacity();
+  auto third = session_->Capacity();
+  daemon.join();
+  EXPECT_EQ(ProtocolErrorOf(alloc.status()), av1::UNEXPECTED_FDS)
+      << alloc.status();
+  EXPECT_EQ(session_->mapped_pages(), 0);
+  EXPECT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(ProtocolErrorOf(free.status()), av1::UNEXPECTED_FDS)
+      << free.status();
+  EXPECT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(third.ok()) << third.status();
+}
+
+// Late replies are recognised by their seq alone, however many calls gave
+// up before them.
+TEST_F(SessionTest, LateRepliesOfManyTimedOutCallsAreDropped) {
+  Open({});
+  session_->set_call_timeout(absl::Milliseconds(5));
+  constexpr int kTimedOut = 100;
+  std::vector<uint64_t> seqs;
+  std::thread reader([&] {
+    for (int i = 0; i < kTimedOut; ++i)
+      seqs.push_back(peer_.Next().frame.seq());
+  });
+  for (int i = 0; i < kTimedOut; ++i) {
+    EXPECT_EQ(session_->Capacity().status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+  }
+  reader.join();
+  // Every call has returned; now their replies come, oldest first.
+  for (uint64_t seq : seqs) {
+    av1::Frame reply;
+    reply.set_seq(seq);
+    reply.mutable_capacity_reply();
+    peer_.Send(reply);
+  }
+  session_->set_call_timeout(absl::Seconds(30));
+  std::thread daemon([&] { AnswerCapacity(&peer_, 1); });
+  auto after = session_->Capacity();
+  daemon.join();
+  EXPECT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(session_->ProcessEvents().ok());
+}
+
+// A reply that answers no call made yet, or a reply-shaped frame with seq
+// 0, is still refused.
+TEST_F(SessionTest, AReplyToNoCallIsRefused) {
+  Open({});
+  av1::Frame ahead;
+  ahead.set_seq(1000);
+  ahead.mutable_capacity_reply();
+  peer_.Send(ahead);
+  pollfd p = {session_->event_fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1);
+  EXPECT_EQ(ProtocolErrorOf(session_->ProcessEvents()),
+            av1::UNEXPECTED_MESSAGE);
+  av1::Frame zero;
+  zero.mutable_capacity_reply();
+  peer_.Send(zero);
+  ASSERT_EQ(poll(&p, 1, 10000), 1);
+  EXPECT_EQ(ProtocolErrorOf(session_->ProcessEvents()),
+            av1::UNEXPECTED_MESSAGE);
+}
+
 // An Attach that runs out of time ends the session: the daemon may have
 // announced pages to it that the engine never mapped.
 TEST_F(SessionTest, AnAttachPastItsTimeoutEndsTheSession) {
