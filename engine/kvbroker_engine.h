@@ -110,7 +110,11 @@ int32_t kvb_connect(const char* socket_path, const char* token,
 /* Attaches to `pool` and maps its pages on `devices` (pool device ordinals;
  * NULL or 0 of them: all). A non-empty reservation_id redeems that many
  * reserved blocks; *redeemed (if not NULL) receives how many blocks the
- * holder now owns after the attach. */
+ * holder now owns after the attach. A refusal by the daemon (e.g.
+ * POOL_NOT_FOUND) leaves the session as it was; any other failure (a page
+ * or a backend that cannot be mapped here, a malformed reply, no reply in
+ * time) closes the session, with that failure's code, since the daemon may
+ * have attached it already: only kvb_close remains to be called. */
 int32_t kvb_attach(kvb_session* s, const char* pool, const int32_t* devices,
                    int32_t num_devices, const char* reservation_id,
                    int64_t reservation_blocks, int64_t* held_blocks,

@@ -85,7 +85,9 @@ av1::Frame* Session::NewRequest() {
   return google::protobuf::Arena::CreateMessage<av1::Frame>(&frames_);
 }
 
-absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
+absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request,
+                                                bool* answered) {
+  if (answered != nullptr) *answered = false;
   if (closed_) return absl::FailedPreconditionError("session is closed");
   const uint64_t seq = next_seq_++;
   request->set_seq(seq);
@@ -124,6 +126,7 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request) {
       if (absl::Status s = HandleEvent(*got, std::move(fds)); !s.ok()) return s;
       continue;
     }
+    if (answered != nullptr) *answered = true;
     if (got->has_error()) return attach::FromError(got->error());
     if (!fds.empty()) {
       return ProtocolFailure(av1::UNEXPECTED_FDS,
@@ -471,6 +474,7 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
     return absl::FailedPreconditionError(
         absl::StrCat("already attached to pool ", layout_.pool()));
   }
+  if (closed_) return absl::FailedPreconditionError("session is closed");
   av1::Frame* request = NewRequest();
   av1::AttachRequest* a = request->mutable_attach();
   a->set_pool(options.pool);
@@ -480,32 +484,43 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   a->set_request_id(options.request_id);
   AttachStats stats;
   const absl::Time start = absl::Now();
-  // The daemon may have attached the session and announced pages this
-  // engine will never map: the session cannot go on.
-  auto give_up = [this](absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    closed_ = true;
-    shutdown(channel_.fd(), SHUT_RDWR);
-    return absl::DeadlineExceededError(
-        absl::StrCat(why.message(), "; the session is closed"));
-  };
-  absl::StatusOr<const av1::Frame*> reply = Call(request);
+  // Unless the daemon refused the attach, it may have attached the session
+  // and announced pages (with the attach's seq) that this engine has not
+  // mapped: engine and daemon disagree, and the session cannot go on. It
+  // ends as if the engine had died (the holder's grace applies); the
+  // failure keeps its code and payload.
+  auto give_up =
+      [this](const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        closed_ = true;
+        shutdown(channel_.fd(), SHUT_RDWR);
+        absl::Status out(
+            why.code(), absl::StrCat(why.message(), "; the session is closed"));
+        why.ForEachPayload(
+            [&out](absl::string_view url, const absl::Cord& payload) {
+              out.SetPayload(url, payload);
+            });
+        return out;
+      };
+  bool answered = false;
+  absl::StatusOr<const av1::Frame*> reply = Call(request, &answered);
   stats.receive = absl::Now() - start;
-  if (absl::IsDeadlineExceeded(reply.status())) return give_up(reply.status());
-  if (!reply.ok()) return reply.status();
+  // The daemon's own error reply leaves it unattached; the session may try
+  // again.
+  if (!reply.ok()) return answered ? reply.status() : give_up(reply.status());
   if (!(*reply)->has_attach_reply()) {
-    return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
-                           "the daemon did not answer with AttachReply");
+    return give_up(ProtocolFailure(
+        av1::UNEXPECTED_MESSAGE, "the daemon did not answer with AttachReply"));
   }
   // On frames_, which the page frames below do not reset.
   const av1::AttachReply& r = (*reply)->attach_reply();
   const av1::PoolLayout& layout = r.layout();
-  KVB_RETURN_IF_ERROR(CheckLayout(layout));
+  if (absl::Status s = CheckLayout(layout); !s.ok()) return give_up(s);
   std::vector<std::unique_ptr<DeviceMapper>> mappers;
   absl::Time t0 = absl::Now();
   for (const av1::Device& d : layout.devices()) {
     absl::StatusOr<std::unique_ptr<DeviceMapper>> m = CreateMapper(
         layout.backend(), d.uuid(), layout.virtual_bytes_per_device());
-    if (!m.ok()) return m.status();
+    if (!m.ok()) return give_up(m.status());
     mappers.push_back(std::move(*m));
   }
   stats.setup = absl::Now() - t0;
@@ -527,23 +542,29 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
           " pages of its AttachReply and then nothing for ",
           absl::FormatDuration(call_timeout_))));
     }
-    if (!got.ok()) return got.status();
+    if (!got.ok()) return give_up(got.status());
     if (got->frame.seq() == seq && got->frame.has_pages_mapped()) {
       received += got->frame.pages_mapped().page_ids_size();
       ++stats.frames;
     }
     if (absl::Status s = HandleEvent(got->frame, std::move(got->fds));
         !s.ok()) {
-      return s;
+      return give_up(s);
     }
   }
   // What the holder owns after the attach is on pages mapped by now.
-  KVB_RETURN_IF_ERROR(
-      HandedOutIds(r.redeemed(), options.reservation_blocks, "the redemption")
-          .status());
+  if (absl::Status s = HandedOutIds(r.redeemed(), options.reservation_blocks,
+                                    "the redemption")
+                           .status();
+      !s.ok()) {
+    return give_up(s);
+  }
   for (const kv1::PageBlocks& p : r.held()) {
-    KVB_RETURN_IF_ERROR(CheckHandedOut(
-        absl::MakeConstSpan(p.block_ids().data(), p.block_ids_size())));
+    if (absl::Status s = CheckHandedOut(
+            absl::MakeConstSpan(p.block_ids().data(), p.block_ids_size()));
+        !s.ok()) {
+      return give_up(s);
+    }
   }
   stats.total = absl::Now() - start;
   stats.pages = mapped_count_;

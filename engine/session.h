@@ -150,7 +150,11 @@ class Session {
   // Attaches to a pool and maps its pages. FAILED_PRECONDITION when already
   // attached; the daemon's failures (POOL_NOT_FOUND, PERMISSION_DENIED,
   // INVALID_ARGUMENT for a device not in the pool, the reservation's
-  // reasons); UNAVAILABLE when a page cannot be mapped here.
+  // reasons), after which the session may attach again. Any other failure
+  // (UNAVAILABLE when a page cannot be mapped here or the backend's driver
+  // is missing, a malformed layout or reply, DEADLINE_EXCEEDED) leaves the
+  // daemon and the engine disagreeing on what is attached and mapped, so it
+  // also closes the session, keeping its own code.
   absl::StatusOr<attach::v1::AttachReply> Attach(const AttachOptions& options)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -254,7 +258,10 @@ class Session {
   // when no frame came for call_timeout_. Returns at once, with the event's
   // error, when an event read on the way fails; a reply that comes after
   // its call returned is dropped (HandleEvent).
-  absl::StatusOr<const attach::v1::Frame*> Call(attach::v1::Frame* request)
+  // `answered`, when given, says whether the call's own reply was read (an
+  // error reply included).
+  absl::StatusOr<const attach::v1::Frame*> Call(attach::v1::Frame* request,
+                                                bool* answered = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the socket's receive timeout to call_timeout_.
   void ApplyCallTimeout() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -735,6 +735,110 @@ TEST_F(SessionTest, AnAttachPastItsTimeoutEndsTheSession) {
   EXPECT_FALSE(after.ok());
 }
 
+// An Attach that fails after the daemon's AttachReply (the daemon has
+// attached the session and announced its pages) ends the session with the
+// failure's own code: the daemon sees the connection end, and no later call
+// runs on a half-attached session.
+TEST_F(SessionTest, AnAttachThatFailsAfterTheReplyEndsTheSession) {
+  struct Case {
+    const char* what;
+    void (*change)(av1::AttachReply*);
+    absl::StatusCode code;
+    av1::ProtocolError error;
+    // Pages the daemon announces: none where the engine stops reading
+    // before them (the peer's sends would fail).
+    std::vector<int64_t> initial;
+    int64_t mapped;  // pages mapped when the Attach returns
+  };
+  const Case cases[] = {
+      {"a backend this build cannot map",
+       [](av1::AttachReply* r) { r->mutable_layout()->set_backend("tape"); },
+       absl::StatusCode::kUnimplemented,
+       av1::PROTOCOL_ERROR_UNSPECIFIED,
+       {},
+       0},
+      {"a malformed layout",
+       [](av1::AttachReply* r) { r->mutable_layout()->set_bundle_bytes(1); },
+       absl::StatusCode::kInvalidArgument,
+       av1::MALFORMED_FRAME,
+       {},
+       0},
+      {"held blocks on a page not mapped",
+       [](av1::AttachReply* r) {
+         auto* page = r->add_held();
+         page->set_page_id(3);
+         page->add_block_ids(7);
+       },
+       absl::StatusCode::kInvalidArgument,
+       av1::MALFORMED_FRAME,
+       {0, 2},
+       2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    av1::AttachReply reply;
+    *reply.mutable_layout() = Layout();
+    c.change(&reply);
+    absl::Status s = ConnectAndAttach(reply, c.initial);
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_EQ(ProtocolErrorOf(s), c.error) << s;
+    EXPECT_EQ(session_->mapped_pages(), c.mapped);
+    ASSERT_EQ(session_->ProcessEvents().code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(session_->Capacity().status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    AttachOptions again;
+    again.pool = "kv";
+    EXPECT_EQ(session_->Attach(again).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    absl::StatusOr<ReceivedFrame> after = peer_.TryNext();
+    EXPECT_TRUE(absl::IsCancelled(after.status())) << after.status();
+    EXPECT_TRUE(session_->Close().ok());
+    EXPECT_EQ(session_->mapped_pages(), 0);
+    peer_.Hangup();
+    session_.reset();
+  }
+}
+
+// A refusal by the daemon leaves the session unattached and usable: the
+// next Attach is sent.
+TEST_F(SessionTest, AnAttachTheDaemonRefusesMayBeTriedAgain) {
+  fds_before_ = OpenFds();
+  std::thread daemon([&] {
+    peer_.Accept();
+    ReceivedFrame hello = peer_.Next();
+    av1::Frame hr;
+    hr.set_seq(hello.frame.seq());
+    hr.mutable_hello_reply()->set_protocol_version(1);
+    peer_.Send(hr);
+    ReceivedFrame first = peer_.Next();
+    ASSERT_TRUE(first.frame.has_attach());
+    av1::Frame refusal;
+    refusal.set_seq(first.frame.seq());
+    *refusal.mutable_error() =
+        attach::ToError(absl::NotFoundError("no pool \"kv\""));
+    peer_.Send(refusal);
+    ReceivedFrame second = peer_.Next();
+    ASSERT_TRUE(second.frame.has_attach());
+    av1::Frame ar;
+    ar.set_seq(second.frame.seq());
+    *ar.mutable_attach_reply()->mutable_layout() = Layout();
+    peer_.Send(ar);
+  });
+  ConnectOptions c;
+  c.socket_path = peer_.path();
+  c.holder = "rank0";
+  auto s = Session::Connect(c);
+  ASSERT_TRUE(s.ok()) << s.status();
+  session_ = *std::move(s);
+  AttachOptions a;
+  a.pool = "kv";
+  auto first = session_->Attach(a);
+  auto second = session_->Attach(a);
+  daemon.join();
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(second.ok()) << second.status();
+}
+
 // With reply_spin the call polls before it sleeps: a reply inside the spin
 // and one long after it (the peer waits 20 ms) both arrive, and an event
 // sent ahead of the reply is handled first, as without the spin.

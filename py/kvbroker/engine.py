@@ -425,7 +425,11 @@ class Session:
     def attach(self, pool, devices=None, reservation_id="",
                reservation_blocks=0):
         """Attaches and maps the pool's pages; returns how many blocks the
-        holder owns afterwards (a reattach or a redeemed reservation)."""
+        holder owns afterwards (a reattach or a redeemed reservation). A
+        refusal by the daemon leaves the session usable; any other failure
+        (a page or backend that cannot be mapped here, a malformed reply,
+        no reply in time) closes it, since the daemon may have attached it
+        already."""
         devs = list(devices or [])
         arr = (ctypes.c_int32 * len(devs))(*devs) if devs else None
         held = ctypes.c_int64()
