@@ -201,7 +201,13 @@ absl::Status FrameChannel::SendWithFlags(const v1::Frame& frame,
       (errno == EAGAIN || errno == EWOULDBLOCK)) {
     return absl::ResourceExhaustedError("the socket's buffer is full");
   }
-  if (n < 0) return Errno("sendmsg", errno);
+  if (n < 0) {
+    if (errno == EPIPE || errno == ECONNRESET || errno == ECONNREFUSED ||
+        errno == ENOTCONN) {
+      peer_gone_ = true;
+    }
+    return Errno("sendmsg", errno);
+  }
   return absl::OkStatus();
 }
 

@@ -132,6 +132,9 @@ class FrameChannel {
   // The same without blocking: RESOURCE_EXHAUSTED, and nothing sent, when
   // the socket's buffer is full.
   absl::Status TrySend(const v1::Frame& frame, absl::Span<const int> fds = {});
+  // Whether a send found the peer gone (EPIPE, ECONNRESET and the like):
+  // nothing can be sent on this connection any more. Sender-side state.
+  bool peer_gone() const { return peer_gone_; }
 
   // Blocks for the next packet. CANCELLED "peer closed" at end of stream
   // (or after shutdown(SHUT_RD) of this end); DEADLINE_EXCEEDED when the
@@ -153,6 +156,7 @@ class FrameChannel {
   // Receive buffer, reused: header + kMaxFrameBytes + 1 byte to spot excess.
   std::string buffer_;
   std::string send_buffer_;
+  bool peer_gone_ = false;
 };
 
 }  // namespace kvbroker::attach

@@ -92,6 +92,10 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request,
   const uint64_t seq = next_seq_++;
   request->set_seq(seq);
   if (absl::Status s = channel_.Send(*request); !s.ok()) {
+    // The daemon is gone (it closed the connection or died): the session
+    // has ended, and what it sent before it went may say why.
+    if (!channel_.peer_gone()) return s;
+    closed_ = true;
     absl::Status why = ReadAfterHangup();
     return why.ok() ? s : why;
   }
@@ -219,9 +223,10 @@ absl::Status Session::ReadAfterHangup() {
     absl::StatusOr<ReceivedFrame> got = channel_.Receive();
     if (!got.ok()) return absl::OkStatus();
     // A Revoke is carried out (its acknowledgement cannot be sent); the
-    // SessionEnd, read here or by a Revoke's own failed send, ends it.
+    // SessionEnd says why the session ended.
+    const bool end = got->frame.has_session_end();
     absl::Status s = HandleEvent(got->frame, std::move(got->fds));
-    if (closed_) return s;
+    if (end) return s;
   }
 }
 
@@ -310,7 +315,10 @@ absl::Status Session::Revoke(const av1::Revoke& revoke) {
                                    revoke.page_ids().size()));
   }
   absl::Status sent = channel_.Send(ack);
-  if (sent.ok()) return sent;
+  // Closed already: this revocation was read by ReadAfterHangup, which goes
+  // on reading.
+  if (sent.ok() || !channel_.peer_gone() || closed_) return sent;
+  closed_ = true;
   absl::Status why = ReadAfterHangup();
   return why.ok() ? sent : why;
 }
@@ -816,7 +824,14 @@ absl::Status Session::Close(bool release) {
     end.set_seq(seq);
     end.mutable_session_end()->set_release(release);
     status = channel_.Send(end);
-    if (status.ok()) status = AwaitSessionEnd(seq);
+    if (status.ok()) {
+      status = AwaitSessionEnd(seq);
+    } else if (channel_.peer_gone()) {
+      // The daemon closed the connection (it died or gave up on the
+      // session): as when it closes it while Close waits, it has finished
+      // with the session.
+      status = absl::OkStatus();
+    }
     closed_ = true;
   }
   mappers_.clear();

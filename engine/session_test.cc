@@ -973,6 +973,31 @@ TEST_F(SessionTest, CloseWaitsForTheDaemonsSessionEnd) {
   EXPECT_EQ(OpenFds(), fds_before_ + 1);  // the peer's connection
 }
 
+// A daemon that died (it closed the connection without a SessionEnd) has
+// finished with the session: Close returns OK and unmaps.
+TEST_F(SessionTest, CloseAfterTheDaemonDiedIsOk) {
+  Open({0});
+  peer_.Hangup();
+  EXPECT_TRUE(session_->Close().ok());
+  EXPECT_EQ(session_->mapped_pages(), 0);
+  EXPECT_TRUE(session_->Close().ok());
+}
+
+// The first call that finds the daemon gone says so and closes the session;
+// later calls send nothing, and Close is OK.
+TEST_F(SessionTest, ACallThatFindsTheDaemonGoneClosesTheSession) {
+  Open({0});
+  peer_.Hangup();
+  EXPECT_EQ(session_->Capacity().status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(session_->Capacity().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(session_->ProcessEvents().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(session_->mapped_pages(), 1);
+  EXPECT_TRUE(session_->Close().ok());
+  EXPECT_EQ(session_->mapped_pages(), 0);
+}
+
 TEST_F(SessionTest, CloseGivesUpOnADaemonThatDoesNotAnswer) {
   Open({}, absl::Milliseconds(50));
   EXPECT_EQ(session_->Close().code(), absl::StatusCode::kDeadlineExceeded);
