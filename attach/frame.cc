@@ -201,6 +201,10 @@ absl::Status FrameChannel::SendWithFlags(const v1::Frame& frame,
       (errno == EAGAIN || errno == EWOULDBLOCK)) {
     return absl::ResourceExhaustedError("the socket's buffer is full");
   }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    return absl::DeadlineExceededError(
+        "the socket's buffer stayed full past its send timeout");
+  }
   if (n < 0) {
     if (errno == EPIPE || errno == ECONNRESET || errno == ECONNREFUSED ||
         errno == ENOTCONN) {

@@ -127,7 +127,9 @@ class FrameChannel {
   // Sends `frame` with `fds` (not consumed: the caller still owns them).
   // INVALID_ARGUMENT when the body exceeds kMaxFrameBytes or there are more
   // than kMaxFdsPerFrame fds; UNAVAILABLE when the peer is gone. Blocks while
-  // the socket's buffer is full.
+  // the socket's buffer is full; DEADLINE_EXCEEDED when it stayed full past
+  // the socket's send timeout (SO_SNDTIMEO). A packet is sent whole or not
+  // at all.
   absl::Status Send(const v1::Frame& frame, absl::Span<const int> fds = {});
   // The same without blocking: RESOURCE_EXHAUSTED, and nothing sent, when
   // the socket's buffer is full.

@@ -188,7 +188,10 @@ int32_t kvb_set_reply_spin(kvb_session* s, int64_t spin_ns, kvb_error* err);
  * DEADLINE_EXCEEDED (4); the default is 30 s, 0 waits forever. The call's
  * outcome is then unknown (retry with the same request_id to learn it) and
  * its late reply is dropped; a kvb_attach that runs out of time closes the
- * session. INVALID_ARGUMENT for a negative value. (ABI version 4) */
+ * session. The same bound applies to sending, which waits only while the
+ * daemon reads nothing: a send that times out returns DEADLINE_EXCEEDED and
+ * closes the session. INVALID_ARGUMENT for a negative value. (ABI version
+ * 4) */
 int32_t kvb_set_call_timeout(kvb_session* s, int64_t timeout_ns,
                              kvb_error* err);
 
@@ -199,8 +202,8 @@ void kvb_set_revoke_callback(kvb_session* s, kvb_revoke_callback callback,
                              void* user);
 
 /* Ends the session (release != 0: the holder's blocks are freed now; else
- * its grace applies), unmaps everything and frees `s`. Waits up to 5 seconds
- * for the daemon to confirm the end: on OK the holder's blocks are already
+ * its grace applies), unmaps everything and frees `s`. Waits up to 5 seconds,
+ * sending included, for the daemon to confirm the end: on OK the holder's blocks are already
  * freed or parked, so a kvb_connect with the same holder right after it is
  * never refused with HOLDER_BUSY. DEADLINE_EXCEEDED when no confirmation
  * came (`s` is freed all the same). */

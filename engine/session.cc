@@ -30,6 +30,24 @@ using attach::ReceivedFrame;
 // in each of its two lists); a larger Free's room is given back after it.
 constexpr int kKeptRequestIds = 1024;
 
+namespace {
+
+// Sets the socket option SO_RCVTIMEO or SO_SNDTIMEO to `timeout`: a
+// blocking receive or send gives up with EAGAIN after that long (at least
+// 1 us); InfiniteDuration sets {0, 0}, which never does.
+void SetSocketTimeout(int fd, int option, absl::Duration timeout) {
+  timeval tv = {0, 0};
+  if (timeout != absl::InfiniteDuration()) {
+    const int64_t us = std::clamp<int64_t>(absl::ToInt64Microseconds(timeout),
+                                           1, int64_t{1} << 50);
+    tv.tv_sec = static_cast<time_t>(us / 1000000);
+    tv.tv_usec = static_cast<suseconds_t>(us % 1000000);
+  }
+  setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
+}
+
+}  // namespace
+
 Session::Session(FrameChannel channel, const ConnectOptions& options)
     : channel_(std::move(channel)),
       close_timeout_(options.close_timeout),
@@ -92,6 +110,7 @@ absl::StatusOr<const av1::Frame*> Session::Call(av1::Frame* request,
   const uint64_t seq = next_seq_++;
   request->set_seq(seq);
   if (absl::Status s = channel_.Send(*request); !s.ok()) {
+    if (absl::IsDeadlineExceeded(s)) return EndAfterSendTimeout();
     // The daemon is gone (it closed the connection or died): the session
     // has ended, and what it sent before it went may say why.
     if (!channel_.peer_gone()) return s;
@@ -152,17 +171,26 @@ void Session::set_call_timeout(absl::Duration timeout) {
 }
 
 void Session::ApplyCallTimeout() {
-  // SO_RCVTIMEO: every blocking receive of the socket gives up with EAGAIN
-  // (the channel's DEADLINE_EXCEEDED) after this long; {0, 0} never does.
-  // A bound on each receive costs the hot path no extra system call.
-  timeval tv = {0, 0};
-  if (call_timeout_ != absl::InfiniteDuration()) {
-    const int64_t us = std::clamp<int64_t>(
-        absl::ToInt64Microseconds(call_timeout_), 1, int64_t{1} << 50);
-    tv.tv_sec = static_cast<time_t>(us / 1000000);
-    tv.tv_usec = static_cast<suseconds_t>(us % 1000000);
-  }
-  setsockopt(channel_.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  // Every blocking receive and send of the socket gives up after this long
+  // (the channel's DEADLINE_EXCEEDED). A send waits only while the socket's
+  // buffer is full, that is while the daemon reads nothing, and a call must
+  // not wait on that for longer than on the reply. Bounds kept on the
+  // socket cost the hot path no extra system call.
+  SetSocketTimeout(channel_.fd(), SO_RCVTIMEO, call_timeout_);
+  SetSocketTimeout(channel_.fd(), SO_SNDTIMEO, call_timeout_);
+}
+
+absl::Status Session::EndAfterSendTimeout() {
+  // A SOCK_SEQPACKET packet goes whole or not at all, so nothing was sent;
+  // but the daemon has read nothing for call_timeout_ while the frames
+  // already queued wait for it. Every later call (and each revocation's
+  // acknowledgement) would wait as long again under the lock, so the
+  // session ends, as a timed-out Attach does; the holder's grace applies.
+  closed_ = true;
+  shutdown(channel_.fd(), SHUT_RDWR);
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the daemon read nothing from the session for ",
+      absl::FormatDuration(call_timeout_), "; the session is closed"));
 }
 
 absl::StatusOr<const av1::Frame*> Session::CallAttached(
@@ -315,6 +343,7 @@ absl::Status Session::Revoke(const av1::Revoke& revoke) {
                                    revoke.page_ids().size()));
   }
   absl::Status sent = channel_.Send(ack);
+  if (absl::IsDeadlineExceeded(sent)) return EndAfterSendTimeout();
   // Closed already: this revocation was read by ReadAfterHangup, which goes
   // on reading.
   if (sent.ok() || !channel_.peer_gone() || closed_) return sent;
@@ -823,9 +852,18 @@ absl::Status Session::Close(bool release) {
     const uint64_t seq = next_seq_++;
     end.set_seq(seq);
     end.mutable_session_end()->set_release(release);
+    // close_timeout_ bounds the whole of Close: the send too, which waits
+    // while the daemon reads nothing.
+    const absl::Time deadline = absl::Now() + close_timeout_;
+    SetSocketTimeout(channel_.fd(), SO_SNDTIMEO, close_timeout_);
     status = channel_.Send(end);
     if (status.ok()) {
-      status = AwaitSessionEnd(seq);
+      status = AwaitSessionEnd(seq, deadline);
+    } else if (absl::IsDeadlineExceeded(status)) {
+      status = absl::DeadlineExceededError(
+          absl::StrCat("the daemon read nothing from the session for ",
+                       absl::FormatDuration(close_timeout_),
+                       "; it did not see the end of the session"));
     } else if (channel_.peer_gone()) {
       // The daemon closed the connection (it died or gave up on the
       // session): as when it closes it while Close waits, it has finished
@@ -841,8 +879,7 @@ absl::Status Session::Close(bool release) {
   return status;
 }
 
-absl::Status Session::AwaitSessionEnd(uint64_t seq) {
-  const absl::Time deadline = absl::Now() + close_timeout_;
+absl::Status Session::AwaitSessionEnd(uint64_t seq, absl::Time deadline) {
   while (true) {
     const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     pollfd p = {channel_.fd(), POLLIN, 0};

@@ -73,7 +73,7 @@ struct ConnectOptions {
   absl::Duration reattach_grace = absl::ZeroDuration();
   // How long Close waits for the daemon to confirm the end of the session
   // (its SessionEnd reply, sent once the holder's blocks were freed or set
-  // aside for the grace).
+  // aside for the grace), sending its SessionEnd included.
   absl::Duration close_timeout = absl::Seconds(5);
   // How long a call polls the socket for the daemon's reply before it
   // sleeps in the kernel. Zero (the default) sleeps at once. A few tens of
@@ -89,8 +89,11 @@ struct ConnectOptions {
   // call's outcome is unknown: a
   // retry with the same request_id learns it. A reply that comes later is
   // dropped; an Attach that runs out of time ends the session, since the
-  // pages the daemon announced to it are unknown. InfiniteDuration waits
-  // forever. set_call_timeout changes it.
+  // pages the daemon announced to it are unknown. It also bounds each send
+  // (a request, a revocation's acknowledgement), which waits only while the
+  // daemon reads nothing: a send that times out returns DEADLINE_EXCEEDED
+  // and ends the session, since the daemon has stopped reading it.
+  // InfiniteDuration waits forever. set_call_timeout changes it.
   absl::Duration call_timeout = absl::Seconds(30);
   // The highest attach protocol version to offer (attach/frame.h). From 2
   // on, Alloc(n) and Free(ids) carry their blocks as runs of consecutive
@@ -263,8 +266,11 @@ class Session {
   absl::StatusOr<const attach::v1::Frame*> Call(attach::v1::Frame* request,
                                                 bool* answered = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sets the socket's receive timeout to call_timeout_.
+  // Sets the socket's receive and send timeouts to call_timeout_.
   void ApplyCallTimeout() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a send that timed out (the daemon reads nothing): closes the
+  // session and returns DEADLINE_EXCEEDED.
+  absl::Status EndAfterSendTimeout() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Call on an attached session, refusing a reply that is not `expected`
   // (`what` names it: "an Alloc reply").
   absl::StatusOr<const attach::v1::Frame*> CallAttached(
@@ -303,8 +309,9 @@ class Session {
       const kvbroker::v1::AllocResponse& r, int64_t asked,
       absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads until the daemon's SessionEnd answering `seq`, the daemon's own
-  // SessionEnd, or the end of the stream, within close_timeout_.
-  absl::Status AwaitSessionEnd(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SessionEnd, or the end of the stream, until `deadline`.
+  absl::Status AwaitSessionEnd(uint64_t seq, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   attach::FrameChannel channel_;
   const absl::Duration close_timeout_;

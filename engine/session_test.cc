@@ -6,6 +6,7 @@
 
 #include "engine/session.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "attach/frame.h"
 #include "attach/testing/fd_count.h"
@@ -733,6 +735,62 @@ TEST_F(SessionTest, AnAttachPastItsTimeoutEndsTheSession) {
   // The daemon sees the connection end.
   absl::StatusOr<ReceivedFrame> after = peer_.TryNext();
   EXPECT_FALSE(after.ok());
+}
+
+// Fills the send buffer of the engine's socket `fd` with packets the peer
+// never reads, so that the session's next send waits for room.
+void FillSendBuffer(int fd) {
+  const std::string packet(1024, 'x');
+  while (send(fd, packet.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL) >
+         0) {
+  }
+  ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+}
+
+// Hangs the peer up unless `done` is notified within 20 s: a send that
+// waits for ever then fails instead, and the test reports it.
+std::thread Watchdog(Peer* peer, absl::Notification* done) {
+  return std::thread([peer, done] {
+    if (!done->WaitForNotificationWithTimeout(absl::Seconds(20))) {
+      peer->Hangup();
+    }
+  });
+}
+
+// A daemon that reads nothing cannot hold a call past call_timeout: the
+// send that finds no room gives up, and the session ends.
+TEST_F(SessionTest, ASendPastTheCallTimeoutEndsTheSession) {
+  Open({0});
+  session_->set_call_timeout(absl::Milliseconds(50));
+  FillSendBuffer(session_->event_fd());
+  absl::Notification done;
+  std::thread watchdog = Watchdog(&peer_, &done);
+  absl::Status blocked = session_->Capacity().status();
+  absl::Status later = session_->Capacity().status();
+  done.Notify();
+  watchdog.join();
+  EXPECT_EQ(blocked.code(), absl::StatusCode::kDeadlineExceeded) << blocked;
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+  EXPECT_EQ(session_->ProcessEvents().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(session_->mapped_pages(), 1);
+  EXPECT_TRUE(session_->Close().ok());
+  EXPECT_EQ(session_->mapped_pages(), 0);
+}
+
+// Close's own SessionEnd waits for room at most close_timeout, whatever
+// call_timeout says.
+TEST_F(SessionTest, CloseOnADaemonThatReadsNothingIsBounded) {
+  Open({0}, /*close_timeout=*/absl::Milliseconds(50));
+  session_->set_call_timeout(absl::InfiniteDuration());
+  FillSendBuffer(session_->event_fd());
+  absl::Notification done;
+  std::thread watchdog = Watchdog(&peer_, &done);
+  absl::Status closed = session_->Close();
+  done.Notify();
+  watchdog.join();
+  EXPECT_EQ(closed.code(), absl::StatusCode::kDeadlineExceeded) << closed;
+  EXPECT_EQ(session_->mapped_pages(), 0);
+  EXPECT_TRUE(session_->Close().ok());
 }
 
 // An Attach that fails after the daemon's AttachReply (the daemon has

@@ -403,7 +403,9 @@ class Session:
         0 or less is refused (INVALID_ARGUMENT). The
         call's outcome is then unknown (retry with the same request_id to
         learn it) and its late reply is dropped; an attach that runs out of
-        time closes the session."""
+        time closes the session. The same bound applies to sending, which
+        waits only while the daemon reads nothing; a send that runs out of
+        time closes the session too."""
         if seconds is None:
             ns = 0  # the C ABI's "forever"
         else:
@@ -574,9 +576,10 @@ class Session:
 
     def close(self, release=True):
         """Ends the session; with release the holder's blocks go now.
-        Returns once the daemon confirmed the end (at most 5 s): the holder
-        may then reconnect at once. Raises EngineError DEADLINE_EXCEEDED
-        (code 4) when no confirmation came; the session is closed anyway."""
+        Returns once the daemon confirmed the end (at most 5 s), or at once
+        when the daemon is gone: the holder may then reconnect at once.
+        Raises EngineError DEADLINE_EXCEEDED (code 4) when no confirmation
+        came; the session is closed anyway."""
         if not self._handle:
             return
         handle, self._handle = self._handle, ctypes.c_void_p()
