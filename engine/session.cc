@@ -327,21 +327,36 @@ absl::Status Session::Revoke(const av1::Revoke& revoke) {
   const int64_t bundle = layout_.bundle_bytes();
   av1::Frame ack;
   ack.mutable_revoke_ack()->set_revoke_id(revoke.revoke_id());
+  absl::Status failed;  // the first unmap that failed
   for (int64_t p : revoke.page_ids()) {
     if (p < 0 || p >= static_cast<int64_t>(mapped_.size()) || !mapped_[p]) {
       continue;
     }
+    bool unmapped = false;
     for (auto& m : mappers_) {
-      if (absl::Status s = m->Unmap(p * bundle); !s.ok()) return s;
+      absl::Status s = m->Unmap(p * bundle);
+      unmapped = unmapped || s.ok();
+      if (failed.ok()) failed = s;
     }
-    mapped_[p] = false;
-    --mapped_count_;
-    ack.mutable_revoke_ack()->add_page_ids(p);
+    // A page unmapped on any device no longer counts as mapped here: no
+    // block on it is handed out (CheckHandedOut), and the engine is told
+    // through the callback to stop using it.
+    if (unmapped) {
+      mapped_[p] = false;
+      --mapped_count_;
+      ack.mutable_revoke_ack()->add_page_ids(p);
+    }
   }
   if (on_revoke_) {
     on_revoke_(absl::MakeConstSpan(revoke.page_ids().data(),
                                    revoke.page_ids().size()));
   }
+  // An acknowledgement tells the daemon that every page of the revocation
+  // is unmapped here, and it then hands them to other holders. A page still
+  // mapped on some device must not be handed on: without the
+  // acknowledgement the daemon quarantines the revocation's pages past its
+  // deadline (never reused) until the session ends.
+  if (!failed.ok()) return failed;
   absl::Status sent = channel_.Send(ack);
   if (absl::IsDeadlineExceeded(sent)) return EndAfterSendTimeout();
   // Closed already: this revocation was read by ReadAfterHangup, which goes
@@ -555,8 +570,12 @@ absl::StatusOr<av1::AttachReply> Session::Attach(const AttachOptions& options) {
   std::vector<std::unique_ptr<DeviceMapper>> mappers;
   absl::Time t0 = absl::Now();
   for (const av1::Device& d : layout.devices()) {
-    absl::StatusOr<std::unique_ptr<DeviceMapper>> m = CreateMapper(
-        layout.backend(), d.uuid(), layout.virtual_bytes_per_device());
+    absl::StatusOr<std::unique_ptr<DeviceMapper>> m =
+        options.create_mapper
+            ? options.create_mapper(layout.backend(), d.uuid(),
+                                    layout.virtual_bytes_per_device())
+            : CreateMapper(layout.backend(), d.uuid(),
+                           layout.virtual_bytes_per_device());
     if (!m.ok()) return give_up(m.status());
     mappers.push_back(std::move(*m));
   }

@@ -21,6 +21,11 @@
 //
 // Revocations: when the daemon asks to unmap pages, the session unmaps them,
 // calls the revocation callback (if any) with their ids, and acknowledges.
+// When a device fails to unmap a page, the other devices still unmap it and
+// the page no longer counts as mapped; the callback runs, but nothing is
+// acknowledged (a page is still mapped here, so the daemon must not hand it
+// to another holder: it quarantines the revocation's pages until the
+// session ends), and the call returns the unmap's error.
 // Nothing needs polling in the engine's hot loop: revocations that arrive
 // during a call are handled by that call, and between calls the engine
 // watches event_fd() (readable when the daemon sent something) in its event
@@ -114,6 +119,11 @@ struct AttachOptions {
   // (DeviceMapper::MapMany: one set-access call per run of adjacent
   // bundles); false maps them one by one, as a baseline for benchmarks.
   bool batch_map = true;
+  // Creates the mapper of each session device; empty: CreateMapper
+  // (mapper.h). Tests wrap the real mappers to inject faults.
+  std::function<absl::StatusOr<std::unique_ptr<DeviceMapper>>(
+      const std::string& backend, const std::string& device_uuid, int64_t size)>
+      create_mapper;
 };
 
 // Where the last Attach's time went (Session::attach_stats). Durations are

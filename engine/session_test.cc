@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "attach/frame.h"
 #include "attach/testing/fd_count.h"
+#include "engine/testing/faulty_mapper.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -204,6 +205,7 @@ class SessionTest : public ::testing::Test {
     session_ = *std::move(s);
     AttachOptions a;
     a.pool = "kv";
+    a.create_mapper = create_mapper_;
     if (reservation_blocks > 0) {
       a.reservation_id = "res-1";
       a.reservation_blocks = reservation_blocks;
@@ -231,6 +233,9 @@ class SessionTest : public ::testing::Test {
   std::unique_ptr<Session> session_;
   int fds_before_ = 0;
   absl::Duration call_timeout_ = absl::Seconds(30);
+  std::function<absl::StatusOr<std::unique_ptr<DeviceMapper>>(
+      const std::string&, const std::string&, int64_t)>
+      create_mapper_;
 };
 
 TEST_F(SessionTest, MapsThePagesOfTheAttachAndSharesTheirBytes) {
@@ -974,6 +979,70 @@ TEST_F(SessionTest, RevocationUnmapsCallsBackAndAcknowledges) {
   EXPECT_EQ(ack.frame.revoke_ack().page_ids_size(), 2);
   // Nothing pending: returns at once.
   EXPECT_TRUE(session_->ProcessEvents().ok());
+}
+
+// A device that fails to unmap a revoked page does not stop the others:
+// every device unmaps what it can, the page no longer counts as mapped
+// (no block on it is handed out), and the engine is called back. The
+// revocation is not acknowledged, since a page is still mapped on the
+// failing device: the daemon must not hand it to another holder.
+TEST_F(SessionTest, AnUnmapThatFailsOnOneDeviceStillUnmapsTheOthers) {
+  std::vector<testing::FaultyMapper*> devices;
+  create_mapper_ =
+      [&devices](
+          const std::string& backend, const std::string& uuid,
+          int64_t size) -> absl::StatusOr<std::unique_ptr<DeviceMapper>> {
+    absl::StatusOr<std::unique_ptr<DeviceMapper>> real =
+        CreateMapper(backend, uuid, size);
+    if (!real.ok()) return real.status();
+    auto faulty = std::make_unique<testing::FaultyMapper>(*std::move(real));
+    devices.push_back(faulty.get());
+    return faulty;
+  };
+  av1::AttachReply reply;
+  *reply.mutable_layout() = Layout();
+  reply.mutable_layout()->add_devices()->set_uuid("host-1");
+  ASSERT_TRUE(ConnectAndAttach(reply, {}).ok());
+  ASSERT_EQ(devices.size(), 2u);
+  av1::Frame pm;  // pages 0 and 1, each on both devices
+  pm.mutable_pages_mapped()->add_page_ids(0);
+  pm.mutable_pages_mapped()->add_page_ids(1);
+  peer_.Send(pm, {bundles_[0]->fd.get(), bundles_[0]->fd.get(),
+                  bundles_[1]->fd.get(), bundles_[1]->fd.get()});
+  pollfd p = {session_->event_fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1);
+  ASSERT_TRUE(session_->ProcessEvents().ok());
+  ASSERT_EQ(session_->mapped_pages(), 2);
+  std::vector<int64_t> revoked;
+  session_->SetRevocationCallback([&](absl::Span<const int64_t> pages) {
+    revoked.assign(pages.begin(), pages.end());
+  });
+  devices[1]->fail_unmap = true;
+  av1::Frame rv;
+  rv.mutable_revoke()->set_revoke_id(9);
+  rv.mutable_revoke()->add_page_ids(0);
+  rv.mutable_revoke()->add_page_ids(1);
+  peer_.Send(rv);
+  ASSERT_EQ(poll(&p, 1, 10000), 1);
+  absl::Status s = session_->ProcessEvents();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(session_->mapped_pages(), 0);
+  EXPECT_FALSE(session_->page_mapped(0));
+  EXPECT_FALSE(session_->page_mapped(1));
+  EXPECT_EQ(devices[0]->mapped(), 0);
+  EXPECT_EQ(devices[1]->mapped(), 2);
+  EXPECT_THAT(revoked, ElementsAre(0, 1));
+  // The next frame the daemon reads is the Alloc below, not an
+  // acknowledgement; a block on page 0 is refused.
+  std::thread daemon([&] {
+    ReceivedFrame next = peer_.Next();
+    ASSERT_TRUE(next.frame.has_alloc()) << next.frame.DebugString();
+    peer_.Send(AllocReply(next.frame.seq(), 0, 0));
+  });
+  auto alloc = session_->Alloc(1);
+  daemon.join();
+  EXPECT_EQ(ProtocolErrorOf(alloc.status()), av1::MALFORMED_FRAME)
+      << alloc.status();
 }
 
 TEST_F(SessionTest, WrongFdCountIsRefusedAndClosed) {
