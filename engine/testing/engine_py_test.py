@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy
@@ -548,6 +549,51 @@ def test_deleted_pool_revokes_pages_and_ends_the_session(daemon):
         assert "POOL_DELETED" in e.value.message
         assert sorted(revoked) == [0, 1]
         assert s.mapped_pages == 0
+
+
+def test_on_revoke_keeps_the_old_callback_while_it_may_run(daemon):
+    # The old callback runs in another thread's process_events (the
+    # revocation of a force-deleted pool) while this thread installs a new
+    # one: the session must hold the old C callback object until the C side
+    # has let go of it, which it cannot while the old callback runs.
+    dropped = []
+    started = threading.Event()
+    with engine.Session(daemon, holder="py-swap", token=TOKEN) as s:
+        s.attach("kv")
+        s.alloc(12)  # pages 0 and 1
+
+        def old_callback(pages):
+            started.set()
+            # The swap has up to 2 s to let go of this callback's C object.
+            until = time.monotonic() + 2
+            while time.monotonic() < until and not dropped:
+                if sys.getrefcount(old_c) < held:
+                    dropped.append(True)
+                time.sleep(0.01)
+
+        s.on_revoke(old_callback)
+        old_c = s._callback  # kept, so that a wrong release cannot crash
+        held = sys.getrefcount(old_c)
+        ended = []
+
+        def events():
+            try:
+                while True:
+                    select.select([s], [], [])
+                    s.process_events()
+            except engine.EngineError as e:
+                ended.append(e.reason_name)
+
+        t = threading.Thread(target=events)
+        t.start()
+        out = ctl(daemon, "delete-pool", "kv", "--force")
+        assert out.returncode == 0, out.stderr
+        assert started.wait(30)
+        s.on_revoke(lambda pages: None)
+        t.join()
+        assert ended == ["POOL_NOT_FOUND"]
+        assert not dropped
+        assert s._callback is not old_c
 
 
 def test_tokens_are_scoped(daemon):

@@ -566,13 +566,18 @@ class Session:
     def on_revoke(self, callback):
         """callback(list_of_page_ids), after those pages were unmapped."""
         if callback is None:
-            self._callback = None
-            self._lib.kvb_set_revoke_callback(self._handle,
-                                              _REVOKE_CALLBACK(), None)
-            return
-        self._callback = _REVOKE_CALLBACK(
-            lambda _user, pages, n: callback([pages[i] for i in range(n)]))
-        self._lib.kvb_set_revoke_callback(self._handle, self._callback, None)
+            new = None
+        else:
+            new = _REVOKE_CALLBACK(
+                lambda _user, pages, n: callback([pages[i]
+                                                  for i in range(n)]))
+        # Until kvb_set_revoke_callback returns (it waits for the session's
+        # lock), a process_events in another thread may be running the old
+        # callback: its C trampoline lives as long as self._callback holds
+        # it, so that is replaced only afterwards.
+        self._lib.kvb_set_revoke_callback(
+            self._handle, new if new is not None else _REVOKE_CALLBACK(), None)
+        self._callback = new
 
     def close(self, release=True):
         """Ends the session; with release the holder's blocks go now.
