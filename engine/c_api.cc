@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -153,10 +155,13 @@ __attribute__((visibility("default"))) int32_t kvb_get_layout(kvb_session* s,
                                                               kvb_layout* out,
                                                               kvb_error* err) {
   if (s == nullptr || out == nullptr) return Report(NullSession(), err);
-  if (s->session->device_count() == 0) {
+  // A copy under the session's lock: another thread may be attaching.
+  const std::optional<kvbroker::attach::v1::PoolLayout> layout =
+      s->session->attached_layout();
+  if (!layout.has_value()) {
     return Report(absl::FailedPreconditionError("not attached"), err);
   }
-  const kvbroker::attach::v1::PoolLayout& l = s->session->layout();
+  const kvbroker::attach::v1::PoolLayout& l = *layout;
   memset(out, 0, sizeof(*out));
   out->virtual_bytes_per_device = l.virtual_bytes_per_device();
   out->bundle_bytes = l.bundle_bytes();
@@ -179,13 +184,15 @@ __attribute__((visibility("default"))) int32_t kvb_device(
     kvb_session* s, int32_t index, int32_t* ordinal, uint64_t* base, char* uuid,
     size_t uuid_size, kvb_error* err) {
   if (s == nullptr) return Report(NullSession(), err);
-  if (index < 0 || index >= s->session->device_count()) {
-    return Report(absl::InvalidArgumentError(
-                      absl::StrCat("no session device ", index, " (",
-                                   s->session->device_count(), " devices)")),
+  const std::optional<kvbroker::attach::v1::PoolLayout> layout =
+      s->session->attached_layout();
+  const int count = layout.has_value() ? layout->devices_size() : 0;
+  if (index < 0 || index >= count) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+                      "no session device ", index, " (", count, " devices)")),
                   err);
   }
-  const auto& d = s->session->layout().devices(index);
+  const auto& d = layout->devices(index);
   if (ordinal != nullptr) *ordinal = d.ordinal();
   if (base != nullptr) *base = s->session->device_base(index);
   if (uuid != nullptr) CopyString(d.uuid(), uuid, uuid_size);
@@ -277,8 +284,16 @@ __attribute__((visibility("default"))) int32_t kvb_reserve(
   CopyString(r->reservation_id(), reservation_id, reservation_id_size);
   if (reserved != nullptr) *reserved = r->num_blocks();
   if (expire_unix_ns != nullptr) {
-    *expire_unix_ns =
-        r->expire_time().seconds() * 1000000000 + r->expire_time().nanos();
+    // An expiry past what int64 nanoseconds hold (after 2262) saturates: the
+    // reservation is made, and its id must reach the caller.
+    const int64_t seconds = r->expire_time().seconds();
+    int64_t ns;
+    if (__builtin_mul_overflow(seconds, int64_t{1000000000}, &ns) ||
+        __builtin_add_overflow(ns, int64_t{r->expire_time().nanos()}, &ns)) {
+      ns = seconds < 0 ? std::numeric_limits<int64_t>::min()
+                       : std::numeric_limits<int64_t>::max();
+    }
+    *expire_unix_ns = ns;
   }
   return Report(absl::OkStatus(), err);
 }

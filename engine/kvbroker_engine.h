@@ -24,11 +24,12 @@
  * are only read during the call.
  *
  * Threading: a session may be used from any thread; its calls are
- * serialised internally. Revocations are handled inside any call that reads
- * the socket; between calls, poll kvb_event_fd for readability and call
- * kvb_process_events (no polling in the hot loop is needed). The revoke
- * callback runs on the thread of that call, after the pages were unmapped,
- * and must not call into the same session.
+ * serialised internally, except kvb_close, which must be the session's last
+ * call and must not overlap any other (the caller orders them). Revocations are
+ * handled inside any call that reads the socket; between calls, poll
+ * kvb_event_fd for readability and call kvb_process_events (no polling in the
+ * hot loop is needed). The revoke callback runs on the thread of that call,
+ * after the pages were unmapped, and must not call into the same session.
  *
  * Stability: only the kvb_ symbols are exported; kvb_abi_version() changes
  * when this ABI does. */
@@ -159,7 +160,8 @@ int32_t kvb_alloc_reserved(kvb_session* s, int64_t num_blocks,
  * room for `reservation_id_size` bytes and must have room for
  * KVB_MAX_ID_LENGTH + 1 (INVALID_ARGUMENT, nothing sent, when it has not).
  * *reserved receives the blocks set aside and *expire_unix_ns their expiry
- * (nanoseconds since the Unix epoch), each when not NULL. A `request_id`
+ * (nanoseconds since the Unix epoch; INT64_MAX or INT64_MIN for one that
+ * int64 nanoseconds cannot hold), each when not NULL. A `request_id`
  * makes a retry answer the first reservation. (ABI version 4) */
 int32_t kvb_reserve(kvb_session* s, int64_t num_blocks, int64_t ttl_ms,
                     const char* request_id, char* reservation_id,
@@ -203,10 +205,12 @@ void kvb_set_revoke_callback(kvb_session* s, kvb_revoke_callback callback,
 
 /* Ends the session (release != 0: the holder's blocks are freed now; else
  * its grace applies), unmaps everything and frees `s`. Waits up to 5 seconds,
- * sending included, for the daemon to confirm the end: on OK the holder's blocks are already
- * freed or parked, so a kvb_connect with the same holder right after it is
- * never refused with HOLDER_BUSY. DEADLINE_EXCEEDED when no confirmation
- * came (`s` is freed all the same). */
+ * sending included, for the daemon to confirm the end: on OK the holder's
+ * blocks are already freed or parked, so a kvb_connect with the same holder
+ * right after it is never refused with HOLDER_BUSY. DEADLINE_EXCEEDED when no
+ * confirmation came (`s` is freed all the same). No other call on `s` may be in
+ * flight or follow, from any thread: kvb_close frees the session those calls
+ * would use. */
 int32_t kvb_close(kvb_session* s, int32_t release, kvb_error* err);
 
 #ifdef __cplusplus

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -668,6 +669,12 @@ absl::StatusOr<uint64_t> Session::BlockAddress(int device_index, int64_t block,
          buffer * layout_.buffer_offset_bytes();
 }
 
+std::optional<av1::PoolLayout> Session::attached_layout() const {
+  PlainMutexLock lock(&mu_);
+  if (layout_.devices_size() == 0) return std::nullopt;
+  return layout_;
+}
+
 bool Session::page_mapped(int64_t page_id) const {
   PlainMutexLock lock(&mu_);
   return page_id >= 0 && page_id < static_cast<int64_t>(mapped_.size()) &&
@@ -900,7 +907,11 @@ absl::Status Session::Close(bool release) {
 
 absl::Status Session::AwaitSessionEnd(uint64_t seq, absl::Time deadline) {
   while (true) {
-    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    // poll takes an int of milliseconds (about 24.8 days at most): a longer
+    // wait polls again.
+    const int64_t left_ms =
+        std::min<int64_t>(absl::ToInt64Milliseconds(deadline - absl::Now()),
+                          std::numeric_limits<int>::max());
     pollfd p = {channel_.fd(), POLLIN, 0};
     const int n = left_ms > 0 ? poll(&p, 1, static_cast<int>(left_ms)) : 0;
     if (n < 0 && errno == EINTR) continue;

@@ -175,6 +175,10 @@ class Session {
   const attach::v1::HelloReply& hello() const { return hello_; }
   // REQUIRES: attached. Constant once attached.
   const attach::v1::PoolLayout& layout() const { return layout_; }
+  // A copy of the layout, taken under the lock; nullopt before an Attach
+  // set it. For a thread that may run while another attaches.
+  std::optional<attach::v1::PoolLayout> attached_layout() const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Session devices, in the layout's order; REQUIRES: attached.
   int device_count() const { return layout_.devices_size(); }
   uint64_t device_base(int device_index) const;
@@ -329,7 +333,8 @@ class Session {
   // The daemon chose protocol version 2 or later: Alloc(n) and Free(ids)
   // carry block runs. Written once by Connect.
   bool runs_ = false;
-  // Written once by Attach (under mu_), then read without it.
+  // Written once by Attach (under mu_), then read without it by what
+  // requires an attached session; attached_layout() reads it under mu_.
   attach::v1::PoolLayout layout_;
 
   mutable PlainMutex mu_;

@@ -25,6 +25,7 @@
 #include "attach/frame.h"
 #include "attach/testing/fd_count.h"
 #include "engine/testing/faulty_mapper.h"
+#include "engine/testing/peer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -32,6 +33,7 @@ namespace kvbroker::engine {
 namespace {
 
 namespace av1 = ::kvbroker::attach::v1;
+using testing::Peer;
 namespace kv1 = ::kvbroker::v1;
 using attach::FrameChannel;
 using attach::kProtocolVersion;
@@ -56,54 +58,6 @@ struct Bundle {
     memset(data, fill, kBundle);
   }
   ~Bundle() { munmap(data, kBundle); }
-};
-
-// The daemon's side of one session, driven by the test.
-class Peer {
- public:
-  Peer() {
-    char dir[] = "/tmp/kvb-session-XXXXXX";
-    EXPECT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-    path_ = dir_ + "/attach.sock";
-    listener_.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    sockaddr_un addr = {};
-    addr.sun_family = AF_UNIX;
-    strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
-    EXPECT_EQ(
-        bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
-        0);
-    EXPECT_EQ(listen(listener_.get(), 1), 0);
-  }
-  ~Peer() {
-    channel_.reset();
-    listener_.Reset();
-    unlink(path_.c_str());
-    rmdir(dir_.c_str());
-  }
-
-  const std::string& path() const { return path_; }
-
-  void Accept() {
-    channel_.emplace(
-        UniqueFd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC)));
-  }
-  ReceivedFrame Next() {
-    absl::StatusOr<ReceivedFrame> got = channel_->Receive();
-    EXPECT_TRUE(got.ok()) << got.status();
-    return got.ok() ? *std::move(got) : ReceivedFrame{};
-  }
-  absl::StatusOr<ReceivedFrame> TryNext() { return channel_->Receive(); }
-  void Send(const av1::Frame& f, std::vector<int> fds = {}) {
-    ASSERT_TRUE(channel_->Send(f, fds).ok());
-  }
-  // Closes the connection (the engine sees the end of the stream).
-  void Hangup() { channel_.reset(); }
-
- private:
-  std::string dir_, path_;
-  UniqueFd listener_;
-  std::optional<FrameChannel> channel_;
 };
 
 av1::PoolLayout Layout() {
@@ -1123,6 +1077,28 @@ TEST_F(SessionTest, ACallThatFindsTheDaemonGoneClosesTheSession) {
   EXPECT_EQ(session_->mapped_pages(), 1);
   EXPECT_TRUE(session_->Close().ok());
   EXPECT_EQ(session_->mapped_pages(), 0);
+}
+
+// A close_timeout longer than poll's int of milliseconds (about 24.8 days)
+// is waited as it says, not as the remainder of a wrapped int.
+TEST_F(SessionTest, ACloseTimeoutPastPollsRangeIsNotWrapped) {
+  // 2^32 ms + 1 ms: 1 ms once wrapped.
+  Open({}, absl::Milliseconds((int64_t{1} << 32) + 1));
+  absl::Notification closed;
+  std::thread daemon([&] {
+    ReceivedFrame end = peer_.Next();
+    ASSERT_TRUE(end.frame.has_session_end());
+    // Close gets up to 2 s to return without this reply; it must wait.
+    closed.WaitForNotificationWithTimeout(absl::Seconds(2));
+    av1::Frame reply;
+    reply.set_seq(end.frame.seq());
+    reply.mutable_session_end()->set_message("done");
+    peer_.Send(reply);
+  });
+  absl::Status s = session_->Close();
+  closed.Notify();
+  daemon.join();
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST_F(SessionTest, CloseGivesUpOnADaemonThatDoesNotAnswer) {

@@ -1,0 +1,79 @@
+// Peer: the daemon's side of an attach session for engine tests. It listens
+// on a socket of its own and plays the daemon frame by frame, as the test
+// drives it.
+
+#ifndef KVBROKER_ENGINE_TESTING_PEER_H_
+#define KVBROKER_ENGINE_TESTING_PEER_H_
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "attach/frame.h"
+#include "attach/unique_fd.h"
+#include "gtest/gtest.h"
+#include "proto/kvbroker/v1/attach.pb.h"
+
+namespace kvbroker::engine::testing {
+
+// The daemon's side of one session, driven by the test.
+class Peer {
+ public:
+  Peer() {
+    char dir[] = "/tmp/kvb-session-XXXXXX";
+    EXPECT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    path_ = dir_ + "/attach.sock";
+    listener_.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(
+        bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+        0);
+    EXPECT_EQ(listen(listener_.get(), 1), 0);
+  }
+  ~Peer() {
+    channel_.reset();
+    listener_.Reset();
+    unlink(path_.c_str());
+    rmdir(dir_.c_str());
+  }
+
+  const std::string& path() const { return path_; }
+
+  void Accept() {
+    channel_.emplace(
+        UniqueFd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC)));
+  }
+  attach::ReceivedFrame Next() {
+    absl::StatusOr<attach::ReceivedFrame> got = channel_->Receive();
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? *std::move(got) : attach::ReceivedFrame{};
+  }
+  absl::StatusOr<attach::ReceivedFrame> TryNext() {
+    return channel_->Receive();
+  }
+  void Send(const attach::v1::Frame& f, std::vector<int> fds = {}) {
+    ASSERT_TRUE(channel_->Send(f, fds).ok());
+  }
+  // Closes the connection (the engine sees the end of the stream).
+  void Hangup() { channel_.reset(); }
+
+ private:
+  std::string dir_, path_;
+  UniqueFd listener_;
+  std::optional<attach::FrameChannel> channel_;
+};
+
+}  // namespace kvbroker::engine::testing
+
+#endif  // KVBROKER_ENGINE_TESTING_PEER_H_
