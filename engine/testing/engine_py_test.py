@@ -596,6 +596,39 @@ def test_on_revoke_keeps_the_old_callback_while_it_may_run(daemon):
         assert s._callback is not old_c
 
 
+def test_close_waits_for_calls_in_other_threads(daemon):
+    # Threads call into the session while another closes it: every call
+    # either finishes before the close or is refused after it, none runs on
+    # a freed session.
+    s = engine.Session(daemon, holder="py-close-race", token=TOKEN)
+    s.attach("kv")
+    calls = [0] * 4
+    refused = []
+    go = threading.Event()
+
+    def hammer(i):
+        go.wait()
+        while True:
+            try:
+                s.capacity()
+                calls[i] += 1
+            except engine.EngineError as e:
+                refused.append((e.code, e.message))
+                return
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    go.set()
+    while sum(calls) < 200:
+        time.sleep(0.001)
+    s.close()
+    for t in threads:
+        t.join()
+    assert refused == [(3, "session is NULL")] * 4  # INVALID_ARGUMENT
+    assert s.fileno() == -1
+
+
 def test_tokens_are_scoped(daemon):
     with pytest.raises(engine.EngineError) as e:
         engine.Session(daemon, holder="x", token="not-a-token-0123456789")

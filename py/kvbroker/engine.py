@@ -34,7 +34,10 @@ daemon's typed reason (reason_name: "POOL_EXHAUSTED", "UNAUTHENTICATED",
 
 Threading: as the C ABI (calls are serialised per session; revocations are
 handled inside calls and in process_events(), which an event loop calls when
-fileno() is readable).
+fileno() is readable). Unlike kvb_close, close() may be called while other
+threads use the session: it waits for a call in flight, and later calls
+raise EngineError INVALID_ARGUMENT. The revocation callback must not call
+into the session.
 
 copy_into(dst, src) copies a torch tensor into a layer view at the bandwidth
 of a contiguous copy, where dst.copy_(src) gets about half of it (the view is
@@ -377,14 +380,24 @@ class Session:
     def __init__(self, socket_path, holder, token="", reattach_grace=0.0,
                  library=None, reply_spin=0.0, call_timeout=30.0):
         self._lib = load_library(library)
+        # Held around every C call on the handle, so that close(), which
+        # frees the handle, never runs while another thread's call uses it
+        # (the C ABI leaves that ordering to its caller). The C calls are
+        # serialised inside the library anyway; this adds one uncontended
+        # acquire and release per call.
+        self._lock = threading.Lock()
         self._handle = ctypes.c_void_p()
         self._callback = None
+        self._fd = -1
         self.layout = None
         err = _Error()
         _check(self._lib.kvb_connect(
             _bytes(socket_path), _bytes(token), _bytes(holder),
             int(reattach_grace * 1000), ctypes.byref(self._handle),
             ctypes.byref(err)), err)
+        # Constant for the session's life: fileno() needs neither the lock
+        # nor the library, so an event loop never waits for a call.
+        self._fd = self._lib.kvb_event_fd(self._handle)
         if reply_spin:
             self.set_reply_spin(reply_spin)
         self.set_call_timeout(call_timeout)
@@ -394,8 +407,9 @@ class Session:
         (0: not at all); a few tens of microseconds spare the thread a sleep
         and a wake per call, at the price of its CPU while it waits."""
         err = _Error()
-        _check(self._lib.kvb_set_reply_spin(
-            self._handle, int(seconds * 1e9), ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_set_reply_spin(
+                self._handle, int(seconds * 1e9), ctypes.byref(err)), err)
 
     def set_call_timeout(self, seconds):
         """How long each call waits for the daemon's reply before it raises
@@ -411,8 +425,9 @@ class Session:
         else:
             ns = max(int(seconds * 1e9), 1) if seconds > 0 else -1
         err = _Error()
-        _check(self._lib.kvb_set_call_timeout(self._handle, ns,
-                                              ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_set_call_timeout(self._handle, ns,
+                                                  ctypes.byref(err)), err)
 
     def __enter__(self):
         return self
@@ -421,7 +436,7 @@ class Session:
         self.close()
 
     def __del__(self):
-        if getattr(self, "_handle", None):
+        if getattr(self, "_handle", None) and hasattr(self, "_lock"):
             self.close(release=False)
 
     def attach(self, pool, devices=None, reservation_id="",
@@ -436,13 +451,14 @@ class Session:
         arr = (ctypes.c_int32 * len(devs))(*devs) if devs else None
         held = ctypes.c_int64()
         err = _Error()
-        _check(self._lib.kvb_attach(
-            self._handle, _bytes(pool), arr, len(devs),
-            _bytes(reservation_id), reservation_blocks, ctypes.byref(held),
-            ctypes.byref(err)), err)
-        raw = _Layout()
-        _check(self._lib.kvb_get_layout(self._handle, ctypes.byref(raw),
-                                        ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_attach(
+                self._handle, _bytes(pool), arr, len(devs),
+                _bytes(reservation_id), reservation_blocks, ctypes.byref(held),
+                ctypes.byref(err)), err)
+            raw = _Layout()
+            _check(self._lib.kvb_get_layout(self._handle, ctypes.byref(raw),
+                                            ctypes.byref(err)), err)
         self.layout = Layout(raw)
         return held.value
 
@@ -452,17 +468,20 @@ class Session:
         base = ctypes.c_uint64()
         uuid = ctypes.create_string_buffer(128)
         err = _Error()
-        _check(self._lib.kvb_device(self._handle, index, ctypes.byref(ordinal),
-                                    ctypes.byref(base), uuid, len(uuid),
-                                    ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_device(self._handle, index,
+                                        ctypes.byref(ordinal),
+                                        ctypes.byref(base), uuid, len(uuid),
+                                        ctypes.byref(err)), err)
         return ordinal.value, base.value, uuid.value.decode()
 
     def block_address(self, block, layer=0, buffer=0, device=0):
         out = ctypes.c_uint64()
         err = _Error()
-        _check(self._lib.kvb_block_address(self._handle, device, block, layer,
-                                           buffer, ctypes.byref(out),
-                                           ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_block_address(self._handle, device, block,
+                                               layer, buffer, ctypes.byref(out),
+                                               ctypes.byref(err)), err)
         return out.value
 
     def kv_view(self, layer, buffer=0, device=0, dtype="uint8",
@@ -474,16 +493,18 @@ class Session:
 
     @property
     def mapped_pages(self):
-        return self._lib.kvb_mapped_pages(self._handle)
+        with self._lock:
+            return self._lib.kvb_mapped_pages(self._handle)
 
     def attach_stats(self):
         """Where the last attach's time went: a dict of kvb_attach_stats's
         fields (counts, and durations in nanoseconds)."""
         raw = _AttachStats()
         err = _Error()
-        _check(self._lib.kvb_get_attach_stats(self._handle,
-                                              ctypes.byref(raw),
-                                              ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_get_attach_stats(self._handle,
+                                                  ctypes.byref(raw),
+                                                  ctypes.byref(err)), err)
         return {name: getattr(raw, name) for name, _ in raw._fields_}
 
     def alloc(self, num_blocks, request_id="", reservation_id=""):
@@ -493,15 +514,16 @@ class Session:
         ids = (ctypes.c_int64 * max(num_blocks, 1))()
         n = ctypes.c_int64()
         err = _Error()
-        if reservation_id:
-            code = self._lib.kvb_alloc_reserved(
-                self._handle, num_blocks, _bytes(reservation_id),
-                _bytes(request_id), ids, max(num_blocks, 0), ctypes.byref(n),
-                ctypes.byref(err))
-        else:
-            code = self._lib.kvb_alloc(
-                self._handle, num_blocks, _bytes(request_id), ids,
-                max(num_blocks, 0), ctypes.byref(n), ctypes.byref(err))
+        with self._lock:
+            if reservation_id:
+                code = self._lib.kvb_alloc_reserved(
+                    self._handle, num_blocks, _bytes(reservation_id),
+                    _bytes(request_id), ids, max(num_blocks, 0),
+                    ctypes.byref(n), ctypes.byref(err))
+            else:
+                code = self._lib.kvb_alloc(
+                    self._handle, num_blocks, _bytes(request_id), ids,
+                    max(num_blocks, 0), ctypes.byref(n), ctypes.byref(err))
         _check(code, err)
         return list(ids[:n.value])
 
@@ -514,10 +536,11 @@ class Session:
         n = ctypes.c_int64()
         expire = ctypes.c_int64()
         err = _Error()
-        _check(self._lib.kvb_reserve(
-            self._handle, num_blocks, int(round(ttl * 1000)),
-            _bytes(request_id), rid, len(rid), ctypes.byref(n),
-            ctypes.byref(expire), ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_reserve(
+                self._handle, num_blocks, int(round(ttl * 1000)),
+                _bytes(request_id), rid, len(rid), ctypes.byref(n),
+                ctypes.byref(expire), ctypes.byref(err)), err)
         return Reservation(rid.value.decode(), n.value, expire.value / 1e9)
 
     def release_reservation(self, reservation_id):
@@ -525,9 +548,10 @@ class Session:
         returns how many (0 for a used-up one)."""
         released = ctypes.c_int64()
         err = _Error()
-        _check(self._lib.kvb_release_reservation(
-            self._handle, _bytes(reservation_id), ctypes.byref(released),
-            ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_release_reservation(
+                self._handle, _bytes(reservation_id), ctypes.byref(released),
+                ctypes.byref(err)), err)
         return released.value
 
     def free(self, block_ids, request_id=""):
@@ -535,24 +559,27 @@ class Session:
         arr = (ctypes.c_int64 * max(len(ids), 1))(*ids)
         freed = ctypes.c_int64()
         err = _Error()
-        _check(self._lib.kvb_free(self._handle, arr, len(ids),
-                                  _bytes(request_id), ctypes.byref(freed),
-                                  ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_free(self._handle, arr, len(ids),
+                                      _bytes(request_id), ctypes.byref(freed),
+                                      ctypes.byref(err)), err)
         return freed.value
 
     def capacity(self):
         """{"available_blocks", "allocated_blocks", "reserved_blocks"}."""
         vals = [ctypes.c_int64() for _ in range(3)]
         err = _Error()
-        _check(self._lib.kvb_capacity(self._handle, *[ctypes.byref(v)
-                                                      for v in vals],
-                                      ctypes.byref(err)), err)
+        with self._lock:
+            _check(self._lib.kvb_capacity(self._handle,
+                                          *[ctypes.byref(v) for v in vals],
+                                          ctypes.byref(err)), err)
         return dict(zip(("available_blocks", "allocated_blocks",
                          "reserved_blocks"), (v.value for v in vals)))
 
     def fileno(self):
-        """Readable when the daemon sent something: call process_events."""
-        return self._lib.kvb_event_fd(self._handle)
+        """Readable when the daemon sent something: call process_events.
+        -1 once the session is closed."""
+        return self._fd if self._handle else -1
 
     def process_events(self):
         """Maps new pages and carries out revocations sent by the daemon.
@@ -560,8 +587,9 @@ class Session:
         POOL_NOT_FOUND when the pool was deleted (its pages were revoked
         first), code CANCELLED for other ends."""
         err = _Error()
-        _check(self._lib.kvb_process_events(self._handle, ctypes.byref(err)),
-               err)
+        with self._lock:
+            _check(self._lib.kvb_process_events(self._handle,
+                                                ctypes.byref(err)), err)
 
     def on_revoke(self, callback):
         """callback(list_of_page_ids), after those pages were unmapped."""
@@ -575,19 +603,26 @@ class Session:
         # lock), a process_events in another thread may be running the old
         # callback: its C trampoline lives as long as self._callback holds
         # it, so that is replaced only afterwards.
-        self._lib.kvb_set_revoke_callback(
-            self._handle, new if new is not None else _REVOKE_CALLBACK(), None)
-        self._callback = new
+        with self._lock:
+            self._lib.kvb_set_revoke_callback(
+                self._handle, new if new is not None else _REVOKE_CALLBACK(),
+                None)
+            self._callback = new
 
     def close(self, release=True):
         """Ends the session; with release the holder's blocks go now.
         Returns once the daemon confirmed the end (at most 5 s), or at once
         when the daemon is gone: the holder may then reconnect at once.
         Raises EngineError DEADLINE_EXCEEDED (code 4) when no confirmation
-        came; the session is closed anyway."""
-        if not self._handle:
-            return
-        handle, self._handle = self._handle, ctypes.c_void_p()
-        err = _Error()
-        _check(self._lib.kvb_close(handle, 1 if release else 0,
-                                   ctypes.byref(err)), err)
+        came; the session is closed anyway. A call in flight in another
+        thread finishes first; later calls raise EngineError
+        INVALID_ARGUMENT ("session is NULL"). Must not be called from the
+        revocation callback."""
+        with self._lock:
+            if not self._handle:
+                return
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            err = _Error()
+            code = self._lib.kvb_close(handle, 1 if release else 0,
+                                       ctypes.byref(err))
+        _check(code, err)
