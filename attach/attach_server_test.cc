@@ -11,9 +11,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "allocator/broker.h"
@@ -25,16 +27,17 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/access.h"
+#include "server/request_bounds.h"
 
 namespace kvbroker::attach {
 namespace {
 
 namespace kv1 = ::kvbroker::v1;
+using engine::AttachOptions;
+using engine::ConnectOptions;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-using engine::AttachOptions;
-using engine::ConnectOptions;
 
 constexpr char kToken[] = "engine-token-0123456789";
 constexpr char kOtherPoolToken[] = "other-pool-token-0123456789";
@@ -65,6 +68,7 @@ class AttachServerTest : public ::testing::Test {
     bo.start_worker = false;
     bo.min_idle_pages = 0;
     bo.max_idle_pages = 0;
+    bo.idempotency_window = idempotency_window_;
     broker_ = *Broker::Create(backend_.get(), bo);
     ASSERT_TRUE(broker_->CreatePool(Config()).ok());
     PoolConfig other = Config();
@@ -141,6 +145,7 @@ class AttachServerTest : public ::testing::Test {
   std::unique_ptr<HostBackend> backend_;
   std::unique_ptr<Broker> broker_;
   std::unique_ptr<AttachServer> server_;
+  absl::Duration idempotency_window_ = absl::Minutes(10);
   std::string dir_;
   std::string path_;
 };
@@ -290,6 +295,46 @@ TEST_F(AttachServerTest, OnlyTheHolderFreesItsBlocks) {
   ASSERT_TRUE(retry.ok()) << retry.status();
   EXPECT_TRUE(retry->replayed());
   EXPECT_EQ(Allocated(), 4);
+}
+
+// No two (holder, request id) pairs share a key in the pool, however the
+// holder and the id split a string, and no gRPC request id can be a
+// session's: holder "a" with id "b/c" and holder "a/b" with id "c" each get
+// their own blocks, and a gRPC caller's ids never replay a session's.
+TEST_F(AttachServerTest, HolderRequestIdsNeverShareAKey) {
+  StartServer();
+  auto a = Attached("a");
+  auto ab = Attached("a/b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(ab, nullptr);
+  auto mine = a->Alloc(2, "b/c");
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  auto other = ab->Alloc(2, "c");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE((*mine)[0], (*other)[0]);
+  EXPECT_EQ(Allocated(), 4);
+  // What the keys used to be, sent as a gRPC caller would: new blocks.
+  std::shared_ptr<PagePool> pool = *broker_->GetPool("kv");
+  AllocRequest grpc;
+  grpc.num_blocks = 1;
+  grpc.request_id = "attach/a/b/c";
+  auto fresh = pool->Alloc(grpc);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE(fresh->replayed);
+  EXPECT_EQ(Allocated(), 5);
+  // The byte session keys begin with is refused in every gRPC request id.
+  const std::string marked = std::string(1, kSessionRequestIdMark) + "1:ab/c";
+  kv1::AllocRequest alloc;
+  alloc.set_request_id(marked);
+  EXPECT_EQ(GetReason(CheckBounds(alloc)), FailureReason::kInvalidArgument);
+  kv1::FreeRequest free;
+  free.set_request_id("x" + marked);
+  EXPECT_EQ(GetReason(CheckBounds(free)), FailureReason::kInvalidArgument);
+  kv1::ReserveRequest reserve;
+  reserve.set_request_id(marked);
+  EXPECT_EQ(GetReason(CheckBounds(reserve)), FailureReason::kInvalidArgument);
+  alloc.set_request_id("attach/a/b/c");
+  EXPECT_TRUE(CheckBounds(alloc).ok());
 }
 
 // The holder's set checks runs of consecutive ids a word at a time: a run

@@ -16,6 +16,7 @@
 #include "allocator/failure.h"
 #include "server/log.h"
 #include "server/proto_convert.h"
+#include "server/request_bounds.h"
 
 namespace kvbroker::attach {
 namespace {
@@ -47,10 +48,14 @@ absl::Status CheckId(absl::string_view field, absl::string_view id) {
   return absl::OkStatus();
 }
 
-// The pool's namespace of a holder's request ids.
+// The pool's key of a holder's request id. The holder's length comes
+// first, so that no two (holder, id) pairs share a key whatever bytes
+// either holds; the leading mark is a byte no gRPC request id may contain
+// (server/request_bounds.h), so that no gRPC call shares one either.
 std::string HolderRequestId(absl::string_view holder, absl::string_view id) {
   if (id.empty()) return "";
-  return absl::StrCat("attach/", holder, "/", id);
+  return absl::StrCat(absl::string_view(&kSessionRequestIdMark, 1),
+                      holder.size(), ":", holder, id);
 }
 
 }  // namespace
@@ -161,8 +166,7 @@ v1::Frame* AttachServer::Session::ReplyFrame(v1::Frame::BodyCase request) {
     case v1::Frame::kFree:
       free_reply_.mutable_free_reply()->Clear();
       return &free_reply_;
-    default:
-      return NewFrame();
+    default: return NewFrame();
   }
 }
 
@@ -477,8 +481,9 @@ absl::Status AttachServer::Session::CheckPool(absl::string_view pool) const {
   return absl::OkStatus();
 }
 
-absl::Status AttachServer::Session::AllocForHolder(
-    AllocRequest alloc, kv1::AllocResponse* response, bool as_runs) {
+absl::Status AttachServer::Session::AllocForHolder(AllocRequest alloc,
+                                                   kv1::AllocResponse* response,
+                                                   bool as_runs) {
   alloc.holder = holder_;
   alloc.as_runs = as_runs;
   absl::StatusOr<AllocResult> result = pool_->Alloc(alloc);
@@ -601,9 +606,9 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
   // Runs stand for the ids only when they are all the Free named; then the
   // pool reads them as they are, and a list of ids is made only off the
   // usual path (a refusal, a retry).
-  const absl::Span<const int64_t> runs =
-      named->block_ids.empty() ? named->block_runs
-                               : absl::Span<const int64_t>();
+  const absl::Span<const int64_t> runs = named->block_ids.empty()
+                                             ? named->block_runs
+                                             : absl::Span<const int64_t>();
   auto ids = [&]() -> absl::Span<const int64_t> {
     if (runs.empty()) return named->block_ids;
     if (expanded_ids_.empty()) {  // FromProto checked the runs already

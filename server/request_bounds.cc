@@ -49,6 +49,18 @@ absl::Status CheckList(absl::string_view field, int size, int limit) {
                                  static_cast<size_t>(limit), "entries");
 }
 
+absl::Status CheckRequestId(const std::string& request_id) {
+  KVB_RETURN_IF_ERROR(
+      CheckString("request_id", request_id, kMaxRequestIdBytes));
+  if (request_id.find(kSessionRequestIdMark) == std::string::npos) {
+    return absl::OkStatus();
+  }
+  return MakeFailure(FailureReason::kInvalidArgument,
+                     "request_id contains byte 0x01, which is reserved",
+                     {{"field", "request_id"}},
+                     {{"request_id", "no byte 0x01"}});
+}
+
 }  // namespace
 
 absl::Status CheckBounds(const v1::CreatePoolRequest& request) {
@@ -76,8 +88,7 @@ absl::Status CheckBounds(const v1::CapacityRequest& request) {
 
 absl::Status CheckBounds(const v1::AllocRequest& request) {
   KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
-  KVB_RETURN_IF_ERROR(
-      CheckString("request_id", request.request_id(), kMaxRequestIdBytes));
+  KVB_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
   KVB_RETURN_IF_ERROR(
       CheckString("pool_uid", request.pool_uid(), kMaxPoolUidBytes));
   return CheckString("reservation_id", request.reservation_id(),
@@ -86,8 +97,7 @@ absl::Status CheckBounds(const v1::AllocRequest& request) {
 
 absl::Status CheckBounds(const v1::FreeRequest& request) {
   KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
-  KVB_RETURN_IF_ERROR(
-      CheckString("request_id", request.request_id(), kMaxRequestIdBytes));
+  KVB_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
   KVB_RETURN_IF_ERROR(
       CheckString("pool_uid", request.pool_uid(), kMaxPoolUidBytes));
   KVB_RETURN_IF_ERROR(
@@ -100,8 +110,7 @@ absl::Status CheckBounds(const v1::FreeRequest& request) {
 
 absl::Status CheckBounds(const v1::ReserveRequest& request) {
   KVB_RETURN_IF_ERROR(CheckString("pool", request.pool(), kMaxPoolNameBytes));
-  KVB_RETURN_IF_ERROR(
-      CheckString("request_id", request.request_id(), kMaxRequestIdBytes));
+  KVB_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
   if (!request.has_ttl()) return absl::OkStatus();
   const google::protobuf::Duration& ttl = request.ttl();
   // google.protobuf.Duration's own rule: |nanos| < 1e9, same sign as

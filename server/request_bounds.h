@@ -10,14 +10,15 @@
 //
 //   field                                          bound
 //   pool names (every request, PoolSpec.name)      kMaxPoolNameBytes
-//   request_id (Alloc, Free, Reserve)              kMaxRequestIdBytes
+//   request_id (Alloc, Free, Reserve)              kMaxRequestIdBytes,
+//                                                  no kSessionRequestIdMark
 //   reservation_id (Alloc, ReleaseReservation)     kMaxReservationIdBytes
 //   pool_uid (Alloc, Free, ReleaseReservation,
 //             GetPageOccupancy)                    kMaxPoolUidBytes
 //   PoolSpec.devices                               kMaxDevicesPerPool
 //   Free.block_ids                                 kMaxBlockIdsPerCall
-//   Free.block_runs: values / blocks named         2 x / 1 x kMaxBlockIdsPerCall
-//   GetPageOccupancy.page_ids                      kMaxPageIdsPerCall
+//   Free.block_runs: values / blocks named         2 x / 1 x
+//   kMaxBlockIdsPerCall GetPageOccupancy.page_ids kMaxPageIdsPerCall
 //   Reserve.ttl                                    (0, kMaxReservationTtl]
 //   Alloc / Reserve num_blocks                     MaxBlocksPerReply(pool)
 //
@@ -55,6 +56,12 @@ inline constexpr int kMaxDevicesPerPool = 16;
 inline constexpr int kMaxBlockIdsPerCall = 1 << 20;
 inline constexpr int kMaxPageIdsPerCall = 65536;
 inline constexpr absl::Duration kMaxReservationTtl = absl::Hours(24);
+// The pool's request ids of attach sessions begin with this byte
+// (attach/session.cc), and a caller's request_id may not contain it: no
+// caller can name a session's id, to replay its outcome or to be answered
+// with it. Not NUL: refusals quote request ids, and a C caller reads
+// them as C strings.
+inline constexpr char kSessionRequestIdMark = '\x01';
 
 // One overload per request: OK, or the INVALID_ARGUMENT refusal of the
 // first field past its bound.
