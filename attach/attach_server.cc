@@ -150,7 +150,7 @@ void AttachServer::FreeAll(const std::string& name, Holder& h) {
   }
   h.blocks.clear();
   h.free_request_ids.clear();
-  h.free_request_set.clear();
+  h.remembered_frees.clear();
   h.pool = nullptr;
 }
 

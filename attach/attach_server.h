@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -127,10 +127,17 @@ class AttachServer final : public SessionDirectory {
   struct Holder {
     std::shared_ptr<PagePool> pool;
     BlockSet blocks;
-    // Request ids of recent Frees (bounded), whose blocks may be gone from
-    // `blocks`: a retry goes to the pool for its replay.
-    std::deque<std::string> free_request_ids;           // oldest first
-    absl::flat_hash_set<std::string> free_request_set;  // the same ids
+    // The outcomes of the holder's recent Frees by request id (at most
+    // 1024, none older than the pool's idempotency window). A retry is
+    // answered from here, never sent to the pool: its blocks are no longer
+    // the holder's and may be someone else's by now.
+    struct RememberedFree {
+      std::string fingerprint;  // the ids the Free named
+      FreeResult result;
+      absl::Time at;  // on the broker's clock
+    };
+    std::deque<std::string> free_request_ids;  // oldest first
+    absl::flat_hash_map<std::string, RememberedFree> remembered_frees;
     Session* session = nullptr;  // the live session; null while in grace
     absl::Time grace_ends;
     // Of the last session (for operators while in grace).

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "allocator/broker.h"
+#include "allocator/clock.h"
 #include "allocator/failure.h"
 #include "allocator/host_backend.h"
 #include "attach/frame.h"
@@ -68,7 +69,7 @@ class AttachServerTest : public ::testing::Test {
     bo.start_worker = false;
     bo.min_idle_pages = 0;
     bo.max_idle_pages = 0;
-    bo.idempotency_window = idempotency_window_;
+    bo.clock = manual_clock_.get();  // null: the real clock
     broker_ = *Broker::Create(backend_.get(), bo);
     ASSERT_TRUE(broker_->CreatePool(Config()).ok());
     PoolConfig other = Config();
@@ -142,10 +143,12 @@ class AttachServerTest : public ::testing::Test {
     while (!pred()) absl::SleepFor(absl::Milliseconds(1));
   }
 
+  // Set before SetUp for a broker on a clock that moves only when told;
+  // outlives the broker.
+  std::unique_ptr<ManualClock> manual_clock_;
   std::unique_ptr<HostBackend> backend_;
   std::unique_ptr<Broker> broker_;
   std::unique_ptr<AttachServer> server_;
-  absl::Duration idempotency_window_ = absl::Minutes(10);
   std::string dir_;
   std::string path_;
 };
@@ -335,6 +338,60 @@ TEST_F(AttachServerTest, HolderRequestIdsNeverShareAKey) {
   EXPECT_EQ(GetReason(CheckBounds(reserve)), FailureReason::kInvalidArgument);
   alloc.set_request_id("attach/a/b/c");
   EXPECT_TRUE(CheckBounds(alloc).ok());
+}
+
+// The broker on a clock that moves only when told to.
+class AttachServerManualClockTest : public AttachServerTest {
+ protected:
+  AttachServerManualClockTest() {
+    manual_clock_ = std::make_unique<ManualClock>(absl::Now());
+  }
+};
+
+// A retried Free is answered from the holder's memory of it and never
+// reaches the pool: once the pool's window forgot the id, the freed blocks
+// (handed to someone else meanwhile) or another holder's are not freed.
+TEST_F(AttachServerManualClockTest, RetriedFreeNeverFreesAnotherHoldersBlock) {
+  StartServer();
+  auto a = Attached("engine-a");
+  auto b = Attached("engine-b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto mine = a->Alloc(1);
+  auto theirs = b->Alloc(1);
+  ASSERT_TRUE(mine.ok() && theirs.ok());
+  ASSERT_TRUE(a->Free(*mine, "f1").ok());
+  EXPECT_EQ(Allocated(), 1);
+  // Within the window: the same ids replay, other ids are refused.
+  auto retry = a->Free(*mine, "f1");
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_TRUE(retry->replayed());
+  EXPECT_EQ(retry->freed_blocks(), 1);
+  EXPECT_EQ(GetReason(a->Free(*theirs, "f1").status()),
+            FailureReason::kRequestIdReused);
+  EXPECT_EQ(Allocated(), 1);
+  // Past the window (pool and holder forgot "f1"): a's freed block is now
+  // b's, and neither it nor b's first block is freed by a's retries.
+  manual_clock_->Advance(absl::Minutes(11));
+  auto again = b->Alloc(1);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(*again, *mine);
+  EXPECT_EQ(Allocated(), 2);
+  EXPECT_EQ(GetReason(a->Free(*theirs, "f1").status()),
+            FailureReason::kBlockNotAllocated);
+  EXPECT_EQ(GetReason(a->Free(*mine, "f1").status()),
+            FailureReason::kBlockNotAllocated);
+  EXPECT_EQ(Allocated(), 2);
+  // b still owns both and frees both.
+  auto c = Attached("engine-c");
+  ASSERT_NE(c, nullptr);
+  auto cs = c->Alloc(1);
+  ASSERT_TRUE(cs.ok());
+  EXPECT_NE((*cs)[0], (*theirs)[0]);
+  EXPECT_NE((*cs)[0], (*mine)[0]);
+  ASSERT_TRUE(b->Free(*theirs).ok());
+  ASSERT_TRUE(b->Free(*again).ok());
+  EXPECT_EQ(Allocated(), 1);
 }
 
 // The holder's set checks runs of consecutive ids a word at a time: a run

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/failure.h"
@@ -32,6 +33,13 @@ constexpr absl::Duration kIdleTick = absl::Milliseconds(100);
 // The largest Alloc whose reply frame is kept for the next (its ids, as
 // pages for a version-1 engine, take 8 KiB at most).
 constexpr int64_t kKeptReplyBlocks = 1024;
+
+// What a Free named, as the pool tells a retry from another request: the
+// number of ids and a hash of them in order.
+std::string FreeFingerprint(absl::Span<const int64_t> ids) {
+  return absl::StrCat(ids.size(), "/",
+                      absl::Hex(absl::Hash<absl::Span<const int64_t>>{}(ids)));
+}
 
 bool ValidHolder(absl::string_view holder) {
   if (holder.empty() || holder.size() > kMaxHolderLength) return false;
@@ -558,14 +566,28 @@ absl::Status AttachServer::Session::TakeOwned(
                      {{"block_id", Num(b)}, {"holder", holder}});
 }
 
-void AttachServer::Session::RememberFree(Holder& h,
-                                         const std::string& request_id) {
-  if (request_id.empty() || !h.free_request_set.insert(request_id).second) {
-    return;
+void AttachServer::Session::ForgetOldFrees(Holder& h, absl::Time now) const {
+  const absl::Duration window = server_->broker_->options().idempotency_window;
+  while (!h.free_request_ids.empty()) {
+    auto it = h.remembered_frees.find(h.free_request_ids.front());
+    if (it != h.remembered_frees.end() && now - it->second.at < window) break;
+    if (it != h.remembered_frees.end()) h.remembered_frees.erase(it);
+    h.free_request_ids.pop_front();
   }
+}
+
+void AttachServer::Session::RememberFree(Holder& h,
+                                         const std::string& request_id,
+                                         std::string fingerprint,
+                                         const FreeResult& result,
+                                         absl::Time now) {
+  if (request_id.empty()) return;
+  auto [it, inserted] = h.remembered_frees.try_emplace(request_id);
+  it->second = {std::move(fingerprint), result, now};
+  if (!inserted) return;
   h.free_request_ids.push_back(request_id);
   if (h.free_request_ids.size() > kRememberedFrees) {
-    h.free_request_set.erase(h.free_request_ids.front());
+    h.remembered_frees.erase(h.free_request_ids.front());
     h.free_request_ids.pop_front();
   }
 }
@@ -605,7 +627,7 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
   if (!named.ok()) return named.status();
   // Runs stand for the ids only when they are all the Free named; then the
   // pool reads them as they are, and a list of ids is made only off the
-  // usual path (a refusal, a retry).
+  // usual path (a refusal, a request id).
   const absl::Span<const int64_t> runs = named->block_ids.empty()
                                              ? named->block_runs
                                              : absl::Span<const int64_t>();
@@ -616,38 +638,50 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
     }
     return expanded_ids_;
   };
-  // Whether the ids were taken out of the holder's set here (a retry's are
-  // not: they may be gone already); they go back if the pool refuses.
-  bool taken = false;
+  const absl::Time now = server_->broker_->clock()->Now();
+  // A Free's request id makes it idempotent for the holder: its outcome is
+  // remembered here and a retry naming the same ids is answered with it. A
+  // retry is never sent to the pool, whose window may have forgotten the
+  // id while the freed blocks went to another holder: the pool would free
+  // them again.
+  std::string fingerprint;
   {
     absl::MutexLock lock(&server_->mu_);
     Holder& h = *holder_entry_;
-    const bool retry =
-        !request_id.empty() && h.free_request_set.contains(request_id);
-    if (!retry) {
-      KVB_RETURN_IF_ERROR(TakeOwned(h, runs, ids, holder_));
-      taken = true;
+    if (!request_id.empty()) {
+      fingerprint = FreeFingerprint(ids());
+      ForgetOldFrees(h, now);
+      auto seen = h.remembered_frees.find(request_id);
+      if (seen != h.remembered_frees.end()) {
+        if (seen->second.fingerprint != fingerprint) {
+          return MakeFailure(
+              FailureReason::kRequestIdReused,
+              absl::StrCat("request_id ", request.request_id(),
+                           " was already used by holder ", holder_,
+                           " to free other blocks"),
+              {{"request_id", request.request_id()}, {"holder", holder_}});
+        }
+        FreeResult replay = seen->second.result;
+        replay.replayed = true;
+        ToProto(replay, out->mutable_free_reply());
+        return absl::OkStatus();
+      }
     }
+    KVB_RETURN_IF_ERROR(TakeOwned(h, runs, ids, holder_));
   }
   FreeRequest free = *named;
   free.request_id = request_id;
   absl::StatusOr<FreeResult> result = pool_->Free(free);
-  // The usual Free (ids taken, freed, no request id) has nothing to settle.
-  const bool settled =
-      taken && result.ok() && !result->replayed && request_id.empty();
+  // The usual Free (freed, no request id) has nothing to settle.
+  const bool settled = result.ok() && !result->replayed && request_id.empty();
   if (!settled) {
     absl::MutexLock lock(&server_->mu_);
     Holder& h = *holder_entry_;
     if (!result.ok() || result->replayed) {
-      if (taken) {
-        const absl::Span<const int64_t> back = ids();
-        h.blocks.insert(back.begin(), back.end());
-      }
+      const absl::Span<const int64_t> back = ids();
+      h.blocks.insert(back.begin(), back.end());
     } else {
-      if (!taken) {
-        for (int64_t b : ids()) h.blocks.erase(b);
-      }
-      RememberFree(h, request_id);
+      RememberFree(h, request_id, std::move(fingerprint), *result, now);
     }
   }
   if (!result.ok()) return result.status();

@@ -117,9 +117,13 @@ class AttachServer::Session {
       Holder& h, absl::Span<const int64_t> runs,
       absl::FunctionRef<absl::Span<const int64_t>()> named_ids,
       const std::string& holder);
-  // Remembers a Free's request id (bounded) so that its retry reaches the
-  // pool's replay.
-  static void RememberFree(Holder& h, const std::string& request_id);
+  // Forgets the holder's Frees older than the pool's idempotency window.
+  void ForgetOldFrees(Holder& h, absl::Time now) const;
+  // Remembers a Free's outcome under its request id (bounded), for its
+  // retry.
+  static void RememberFree(Holder& h, const std::string& request_id,
+                           std::string fingerprint, const FreeResult& result,
+                           absl::Time now);
 
   // A frame of frames_, valid until the next request is received.
   v1::Frame* NewFrame() {
