@@ -394,6 +394,47 @@ TEST_F(AttachServerManualClockTest, RetriedFreeNeverFreesAnotherHoldersBlock) {
   EXPECT_EQ(Allocated(), 1);
 }
 
+// Session requests meet the bounds of their gRPC twins: a reservation ttl
+// past 24 hours, a pool name past 128 bytes and a request id with byte 0x01
+// are refused with INVALID_ARGUMENT, and nothing is reserved or allocated.
+TEST_F(AttachServerTest, SessionRequestsMeetTheGrpcBounds) {
+  StartServer();
+  auto a = Attached("engine-a");
+  ASSERT_NE(a, nullptr);
+  std::shared_ptr<PagePool> pool = *broker_->GetPool("kv");
+  kv1::ReserveRequest r;
+  r.set_num_blocks(4);
+  r.mutable_ttl()->set_seconds(int64_t{1} << 40);
+  auto refused = a->Reserve(r);
+  EXPECT_EQ(GetReason(refused.status()), FailureReason::kInvalidArgument)
+      << refused.status();
+  EXPECT_EQ(GetFailure(refused.status())->metadata.at("field"), "ttl");
+  r.mutable_ttl()->set_seconds(24 * 3600);
+  r.mutable_ttl()->set_nanos(1);
+  EXPECT_EQ(GetReason(a->Reserve(r).status()), FailureReason::kInvalidArgument);
+  EXPECT_EQ(pool->Capacity()->reserved_blocks.value(), 0);
+  r.mutable_ttl()->set_nanos(0);
+  auto day = a->Reserve(r);
+  ASSERT_TRUE(day.ok()) << day.status();
+  EXPECT_EQ(pool->Capacity()->reserved_blocks.value(), 4);
+  kv1::AllocRequest alloc;
+  alloc.set_num_blocks(1);
+  alloc.set_request_id(std::string(1, kSessionRequestIdMark));
+  EXPECT_EQ(GetReason(a->Alloc(alloc).status()),
+            FailureReason::kInvalidArgument);
+  kv1::CapacityRequest capacity;
+  capacity.set_pool(std::string(129, 'p'));
+  EXPECT_EQ(GetReason(a->Capacity(capacity).status()),
+            FailureReason::kInvalidArgument);
+  EXPECT_EQ(Allocated(), 0);
+  auto b = Connect("engine-b");
+  ASSERT_TRUE(b.ok());
+  AttachOptions o;
+  o.pool = std::string(129, 'p');
+  EXPECT_EQ(GetReason((*b)->Attach(o).status()),
+            FailureReason::kInvalidArgument);
+}
+
 // The holder's set checks runs of consecutive ids a word at a time: a run
 // with one id the holder lacks, a repeat across runs, and ids at the top of
 // int64 are refused whole, and the set is left exactly as it was.

@@ -294,6 +294,7 @@ absl::Status AttachServer::Session::OnAttach(const v1::AttachRequest& request,
     return ProtocolFailure(v1::UNEXPECTED_MESSAGE,
                            absl::StrCat("already attached to ", pool_name_));
   }
+  KVB_RETURN_IF_ERROR(CheckPoolName("attach.pool", request.pool()));
   if (grant_ != nullptr) {
     KVB_RETURN_IF_ERROR(
         AccessPolicy::Authorize(*grant_, request.pool(), "Attach"));
@@ -594,6 +595,10 @@ void AttachServer::Session::RememberFree(Holder& h,
 
 absl::Status AttachServer::Session::OnAlloc(const kv1::AllocRequest& request,
                                             v1::Frame* out) {
+  // Every pool request meets the bounds of its gRPC twin first
+  // (server/request_bounds.h: ids, lists, names, the reservation ttl), then
+  // the session's own tighter ones, which keep each reply in one frame.
+  KVB_RETURN_IF_ERROR(CheckBounds(request));
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   if (request.num_blocks() < 0 || request.num_blocks() > kMaxSessionBlocks) {
     return InvalidField(
@@ -614,6 +619,7 @@ absl::Status AttachServer::Session::OnAlloc(const kv1::AllocRequest& request,
 
 absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
                                            v1::Frame* out) {
+  KVB_RETURN_IF_ERROR(CheckBounds(request));
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   if (request.block_ids_size() > kMaxSessionBlocks) {
     return InvalidField("block_ids",
@@ -691,6 +697,7 @@ absl::Status AttachServer::Session::OnFree(const kv1::FreeRequest& request,
 
 absl::Status AttachServer::Session::OnReserve(
     const kv1::ReserveRequest& request, v1::Frame* out) {
+  KVB_RETURN_IF_ERROR(CheckBounds(request));
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   if (request.num_blocks() > kMaxSessionBlocks) {
     return InvalidField("num_blocks",
@@ -707,6 +714,7 @@ absl::Status AttachServer::Session::OnReserve(
 
 absl::Status AttachServer::Session::OnRelease(
     const kv1::ReleaseReservationRequest& request, v1::Frame* out) {
+  KVB_RETURN_IF_ERROR(CheckBounds(request));
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   KVB_RETURN_IF_ERROR(CheckId("reservation_id", request.reservation_id()));
   absl::StatusOr<ReleaseResult> result =
@@ -718,6 +726,7 @@ absl::Status AttachServer::Session::OnRelease(
 
 absl::Status AttachServer::Session::OnCapacity(
     const kv1::CapacityRequest& request, v1::Frame* out) {
+  KVB_RETURN_IF_ERROR(CheckBounds(request));
   KVB_RETURN_IF_ERROR(CheckPool(request.pool()));
   if (request.max_pages() < 0 || request.max_pages() > kMaxSessionPageList) {
     return InvalidField(

@@ -63,6 +63,10 @@ absl::Status CheckRequestId(const std::string& request_id) {
 
 }  // namespace
 
+absl::Status CheckPoolName(absl::string_view field, const std::string& name) {
+  return CheckString(field, name, kMaxPoolNameBytes);
+}
+
 absl::Status CheckBounds(const v1::CreatePoolRequest& request) {
   KVB_RETURN_IF_ERROR(
       CheckString("pool.name", request.pool().name(), kMaxPoolNameBytes));

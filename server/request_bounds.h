@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -78,6 +79,9 @@ absl::Status CheckBounds(const v1::SetMemoryLimitRequest& request);
 absl::Status CheckBounds(const v1::TrimRequest& request);
 absl::Status CheckBounds(const v1::WatchCapacityRequest& request);
 absl::Status CheckBounds(const v1::GetPageOccupancyRequest& request);
+
+// The bound of a pool name in `field` (for requests of other services).
+absl::Status CheckPoolName(absl::string_view field, const std::string& name);
 
 // An upper bound of the encoded size of an Alloc or Reserve reply carrying
 // `num_blocks` blocks of a pool of `geometry`: every block id costs at most
