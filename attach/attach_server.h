@@ -20,7 +20,9 @@
 // ends, its holder's blocks are freed at once if it asked
 // (SessionEnd.release) or chose no grace; otherwise they are kept for the
 // grace and handed to the next session that says hello with the same holder
-// name (HelloReply.reattached), or freed when the grace runs out. A holder
+// name and the same token (HelloReply.reattached; PERMISSION_DENIED for
+// another token, or once the token may no longer use the holder's pool),
+// or freed when the grace runs out. A holder
 // has at most one live session (HOLDER_BUSY).
 //
 // Ending: an engine's SessionEnd that carries a seq is answered with a
@@ -139,6 +141,9 @@ class AttachServer final : public SessionDirectory {
     std::deque<std::string> free_request_ids;  // oldest first
     absl::flat_hash_map<std::string, RememberedFree> remembered_frees;
     Session* session = nullptr;  // the live session; null while in grace
+    // The token grant of the session that made the holder (null without
+    // tokens): only a session of the same grant may reattach.
+    const AccessPolicy::Grant* grant = nullptr;
     absl::Time grace_ends;
     // Of the last session (for operators while in grace).
     int64_t pid = 0;

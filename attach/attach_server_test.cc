@@ -42,6 +42,7 @@ using ::testing::IsEmpty;
 
 constexpr char kToken[] = "engine-token-0123456789";
 constexpr char kOtherPoolToken[] = "other-pool-token-0123456789";
+constexpr char kSecondToken[] = "second-engine-token-0123456789";
 
 // P = 2 MiB, B = 256 KiB, L = 2, K = 2 on devices {0, 1}, N = 40: 8 blocks
 // per page, T = 5 pages of 8 MiB bundles.
@@ -101,6 +102,10 @@ class AttachServerTest : public ::testing::Test {
       t->set_name("other-engine");
       t->set_token(kOtherPoolToken);
       t->add_pools("other");
+      t = file.add_tokens();
+      t->set_name("engine-2");
+      t->set_token(kSecondToken);
+      t->add_pools("kv");
       o.access = std::make_shared<AccessPolicy>(*AccessPolicy::Create(file));
     }
     absl::StatusOr<std::unique_ptr<AttachServer>> s =
@@ -433,6 +438,34 @@ TEST_F(AttachServerTest, SessionRequestsMeetTheGrpcBounds) {
   o.pool = std::string(129, 'p');
   EXPECT_EQ(GetReason((*b)->Attach(o).status()),
             FailureReason::kInvalidArgument);
+}
+
+// A holder in grace is reattached only with the token that made it: a
+// token of another pool, or another token of the same pool, is refused at
+// Hello and cannot free or take its blocks.
+TEST_F(AttachServerTest, OnlyTheHoldersTokenReattachesIt) {
+  StartServer(/*with_tokens=*/true);
+  auto a = Connect("victim", absl::Minutes(1), kToken);
+  ASSERT_TRUE(a.ok()) << a.status();
+  AttachOptions ao;
+  ao.pool = "kv";
+  ASSERT_TRUE((*a)->Attach(ao).ok());
+  ASSERT_TRUE((*a)->Alloc(3).ok());
+  ASSERT_TRUE((*a)->Close(/*release=*/false).ok());
+  EXPECT_EQ(Allocated(), 3);
+  for (const char* token : {kOtherPoolToken, kSecondToken}) {
+    auto m = Connect("victim", absl::ZeroDuration(), token);
+    EXPECT_EQ(GetReason(m.status()), FailureReason::kPermissionDenied) << token;
+    EXPECT_EQ(Allocated(), 3);
+  }
+  ASSERT_EQ(server_->Holders().size(), 1u);
+  EXPECT_EQ(server_->Holders()[0].blocks, 3);
+  EXPECT_FALSE(server_->Holders()[0].live);
+  auto again = Connect("victim", absl::ZeroDuration(), kToken);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->hello().reattached());
+  ASSERT_TRUE((*again)->Close(/*release=*/true).ok());
+  EXPECT_EQ(Allocated(), 0);
 }
 
 // The holder's set checks runs of consecutive ids a word at a time: a run

@@ -266,11 +266,29 @@ absl::Status AttachServer::Session::OnHello(const v1::Hello& hello,
             absl::StrCat("holder ", hello.holder(), " has a live session (",
                          it->second.session->id(), ")"));
       }
+      // A holder's blocks go only to a session of the token that made the
+      // holder (any session, when the daemon has no tokens), and only while
+      // that token may still use the blocks' pool: its name alone proves
+      // nothing.
+      const Holder& kept = it->second;
+      if (kept.grant != grant_) {
+        return MakeFailure(
+            FailureReason::kPermissionDenied,
+            absl::StrCat("holder ", hello.holder(),
+                         " was made with another token; it cannot be "
+                         "reattached with this one"),
+            {{"holder", hello.holder()}});
+      }
+      if (grant_ != nullptr && kept.pool != nullptr) {
+        KVB_RETURN_IF_ERROR(
+            AccessPolicy::Authorize(*grant_, kept.pool->name(), "Hello"));
+      }
       it->second.session = this;
       reattached = true;
     } else {
       it = server_->holders_.emplace(hello.holder(), Holder()).first;
       it->second.session = this;
+      it->second.grant = grant_;
     }
     holder_entry_ = &it->second;
     holder_ = hello.holder();
