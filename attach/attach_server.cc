@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -25,9 +26,6 @@
 
 namespace kvbroker::attach {
 namespace {
-
-// How long a reply may wait for an engine that does not read its socket.
-constexpr int kSendTimeoutSeconds = 10;
 
 absl::Status Errno(absl::string_view what, int err) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(err)));
@@ -117,8 +115,12 @@ void AttachServer::AcceptLoop() {
     UniqueFd conn(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!conn.valid()) continue;
     // An engine that stops reading must not hold a session thread (or Stop)
-    // forever: a send that cannot proceed for this long fails instead.
-    const timeval send_timeout = {kSendTimeoutSeconds, 0};
+    // forever: a send that cannot proceed for this long fails instead, and
+    // ends the session (outbox.h).
+    const int64_t us =
+        std::max<int64_t>(1, absl::ToInt64Microseconds(options_.send_timeout));
+    const timeval send_timeout = {static_cast<time_t>(us / 1000000),
+                                  static_cast<suseconds_t>(us % 1000000)};
     setsockopt(conn.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
                sizeof(send_timeout));
     absl::MutexLock lock(&mu_);

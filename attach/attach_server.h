@@ -77,6 +77,10 @@ struct AttachServerOptions {
   absl::Duration max_reattach_grace = absl::Hours(1);
   // How often expired graces are reaped.
   absl::Duration reap_interval = absl::Milliseconds(100);
+  // How long a send may wait for an engine that does not read its socket;
+  // a send that fails (this, or a closed peer) ends the session as a
+  // dropped connection, its holder's grace applying.
+  absl::Duration send_timeout = absl::Seconds(10);
 };
 
 // Bounds of session requests (past them: INVALID_ARGUMENT, nothing changes).

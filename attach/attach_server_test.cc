@@ -92,6 +92,7 @@ class AttachServerTest : public ::testing::Test {
     AttachServerOptions o;
     o.socket_path = path_;
     o.reap_interval = absl::Milliseconds(5);
+    o.send_timeout = send_timeout_;
     if (with_tokens) {
       kv1::AuthTokensFile file;
       auto* t = file.add_tokens();
@@ -154,6 +155,7 @@ class AttachServerTest : public ::testing::Test {
   std::unique_ptr<HostBackend> backend_;
   std::unique_ptr<Broker> broker_;
   std::unique_ptr<AttachServer> server_;
+  absl::Duration send_timeout_ = absl::Seconds(10);
   std::string dir_;
   std::string path_;
 };
@@ -466,6 +468,49 @@ TEST_F(AttachServerTest, OnlyTheHoldersTokenReattachesIt) {
   EXPECT_TRUE((*again)->hello().reattached());
   ASSERT_TRUE((*again)->Close(/*release=*/true).ok());
   EXPECT_EQ(Allocated(), 0);
+}
+
+// An engine that keeps sending and never reads is dropped at its first
+// reply that cannot be sent within the send timeout: the session ends (its
+// socket shut both ways), its queued requests are not answered, and Stop
+// has nothing left to wait for.
+TEST_F(AttachServerTest, AnEngineThatDoesNotReadIsDropped) {
+  send_timeout_ = absl::Milliseconds(50);
+  StartServer();
+  auto ch = FrameChannel::Connect(path_);
+  ASSERT_TRUE(ch.ok());
+  v1::Frame hello;
+  hello.set_seq(1);
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  hello.mutable_hello()->set_holder("stuck");
+  ASSERT_TRUE(ch->Send(hello).ok());
+  // Repeated Hellos, each answered with an Error, until the daemon hangs
+  // up (the deadline only bounds a daemon that never does).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  int sent = 0;
+  absl::Status s;
+  while (absl::Now() < deadline) {
+    hello.set_seq(2 + sent);
+    s = ch->TrySend(hello);
+    if (s.ok()) {
+      ++sent;
+    } else if (absl::IsResourceExhausted(s)) {
+      absl::SleepFor(absl::Milliseconds(1));
+    } else {
+      break;
+    }
+  }
+  ASSERT_FALSE(s.ok() || absl::IsResourceExhausted(s))
+      << "still connected after " << sent << " requests";
+  Eventually([&] { return server_->Sessions().empty(); });
+  EXPECT_TRUE(server_->Holders().empty());
+  // What the daemon sent before it gave up, then the end of the stream.
+  int replies = 0;
+  while (ch->Receive().ok()) ++replies;
+  EXPECT_GT(replies, 0);
+  EXPECT_LT(replies, sent + 1);
+  server_->Stop();
+  EXPECT_TRUE(server_->Sessions().empty());
 }
 
 // The holder's set checks runs of consecutive ids a word at a time: a run

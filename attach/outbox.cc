@@ -3,6 +3,7 @@
 #include "attach/outbox.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <utility>
@@ -130,12 +131,31 @@ absl::Status Outbox::SendAfterQueued(const v1::Frame& frame) {
       return s;
     }
   }
-  return channel_->Send(frame);
+  return Checked(channel_->Send(frame));
 }
 
 absl::Status Outbox::Send(const v1::Frame& frame) {
   PlainMutexLock send(&send_mu_);
-  return channel_->Send(frame);
+  if (pending() && failed()) return FailedSend();
+  return Checked(channel_->Send(frame));
+}
+
+absl::Status Outbox::FailedSend() {
+  return absl::UnavailableError("an earlier send to the engine failed");
+}
+
+absl::Status Outbox::Checked(absl::Status sent) {
+  if (sent.ok()) return sent;
+  {
+    absl::MutexLock lock(&mu_);
+    failed_ = true;
+    queue_.clear();
+    pending_.store(true, std::memory_order_seq_cst);
+  }
+  // The engine missed a frame, so nothing later may reach it either; and
+  // the session thread, which may be waiting to receive, must end.
+  shutdown(channel_->fd(), SHUT_RDWR);
+  return sent;
 }
 
 absl::Status Outbox::SendQueuedLocked(bool dont_wait) {
@@ -146,6 +166,7 @@ absl::Status Outbox::SendQueuedLocked(bool dont_wait) {
     Outgoing* next;
     {
       absl::MutexLock lock(&mu_);
+      if (failed_) return FailedSend();
       if (broken_) return absl::OkStatus();  // the session thread ends it
       if (queue_.empty()) {
         pending_.store(false, std::memory_order_seq_cst);
@@ -161,11 +182,8 @@ absl::Status Outbox::SendQueuedLocked(bool dont_wait) {
     if (dont_wait && absl::IsResourceExhausted(s)) {
       return absl::OkStatus();  // would block: stays queued, still pending
     }
+    if (!s.ok()) return Checked(s);
     absl::MutexLock lock(&mu_);
-    if (!s.ok()) {
-      queue_.clear();
-      return s;
-    }
     const v1::Frame& f = next->frame;
     if (f.has_pages_mapped()) {
       pages_sent_ += f.pages_mapped().page_ids_size();
@@ -176,6 +194,11 @@ absl::Status Outbox::SendQueuedLocked(bool dont_wait) {
     }
     queue_.pop_front();
   }
+}
+
+bool Outbox::failed() const {
+  absl::MutexLock lock(&mu_);
+  return failed_;
 }
 
 bool Outbox::broken() const {

@@ -88,16 +88,21 @@ class Outbox : public PageListener {
   // Any other frame the daemon starts.
   void Queue(v1::Frame frame) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Sends every queued frame, in order, blocking while the socket is full.
-  // Stops at the first failed send (the peer is gone or stuck; the session
-  // ends on its next receive) and returns its error; the frames left are
-  // dropped with their fds.
+  // Sends every queued frame, in order, blocking while the socket is full
+  // (up to its send timeout).
+  //
+  // A send that fails (the peer is gone, or did not read for the send
+  // timeout) fails the outbox for good: the frames left are dropped with
+  // their fds, the socket is shut down both ways (so the session thread's
+  // receive ends), pending() stays true, failed() becomes true and every
+  // later send is refused. The engine missed a frame (a page, a
+  // revocation, a reply): nothing sent after it could be trusted.
   absl::Status Drain() ABSL_LOCKS_EXCLUDED(mu_, send_mu_);
   // Drain, then `frame` (a reply: it follows everything queued before it).
   absl::Status SendAfterQueued(const v1::Frame& frame)
       ABSL_LOCKS_EXCLUDED(mu_, send_mu_);
   // `frame` alone, blocking; what is queued stays queued.
-  absl::Status Send(const v1::Frame& frame) ABSL_LOCKS_EXCLUDED(send_mu_);
+  absl::Status Send(const v1::Frame& frame) ABSL_LOCKS_EXCLUDED(mu_, send_mu_);
 
   // The session thread is about to wait for the engine: from now on a
   // queued frame is sent by the thread that queues it. Sends what is
@@ -112,6 +117,8 @@ class Outbox : public PageListener {
   // A duplicate fd could not be made, or the pool could not export a page:
   // the engine missed a page.
   bool broken() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A send failed (Drain): the session must end.
+  bool failed() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages sent in PagesMapped frames so far.
   int64_t pages_sent() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages named in Revoke frames sent so far.
@@ -136,6 +143,11 @@ class Outbox : public PageListener {
   absl::Status SendQueuedLocked(bool dont_wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // `sent` (the status of a send on channel_), failing the outbox when it
+  // is an error (Drain). REQUIRES: send_mu_.
+  absl::Status Checked(absl::Status sent) ABSL_LOCKS_EXCLUDED(mu_);
+  static absl::Status FailedSend();
+
   FrameChannel* const channel_;
   // Written once before registration, then only read.
   std::vector<int> devices_;
@@ -147,9 +159,10 @@ class Outbox : public PageListener {
   mutable absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
   // Whether the queue may hold frames: set under mu_ with every frame
   // queued, cleared under mu_ by a send that found the queue empty; read
-  // without a lock by pending(). Once broken_, it stays set.
+  // without a lock by pending(). Once broken_ or failed_, it stays set.
   std::atomic<bool> pending_{false};
   // The session thread waits for the engine (BeginWait .. EndWait).
   std::atomic<bool> waiting_{false};

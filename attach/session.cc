@@ -109,21 +109,33 @@ void AttachServer::Session::Run() {
     outbox_.BeginWait();
     absl::Status got = channel_.ReceiveInto(request, &fds);
     outbox_.EndWait();
+    // Stop shuts only the reading side, and requests already in the socket
+    // are still read: each would be answered, and each answer to an engine
+    // that does not read waits out the send timeout.
+    if (server_->stopping()) {
+      if (!outbox_.failed()) {
+        v1::Frame end;
+        end.mutable_session_end()->set_message("kvbrokerd is stopping");
+        end.mutable_session_end()->set_reason(v1::DAEMON_STOPPING);
+        outbox_.Send(end).IgnoreError();
+      }
+      break;
+    }
     if (!got.ok()) {
       if (absl::IsDeadlineExceeded(got)) continue;
       if (ProtocolErrorOf(got) == v1::PROTOCOL_ERROR_UNSPECIFIED) {
-        if (server_->stopping()) {
-          v1::Frame end;
-          end.mutable_session_end()->set_message("kvbrokerd is stopping");
-          end.mutable_session_end()->set_reason(v1::DAEMON_STOPPING);
-          outbox_.Send(end).IgnoreError();
-        }
-        break;  // peer closed, the daemon stops, or the socket failed
+        break;  // peer closed, or the socket failed
       }
       Reply(0, got);
       continue;
     }
     if (!Handle(*request)) break;
+  }
+  if (outbox_.failed()) {
+    LogLine(
+        "attach: session %d (%s): a send to the engine failed; ended as "
+        "a dropped connection",
+        id_, holder_);
   }
   UnsubscribeFromPages();
   ConfirmEnd(server_->Finished(this));
@@ -152,8 +164,8 @@ void AttachServer::Session::Reply(uint64_t seq, const absl::Status& status,
   }
   out->set_seq(seq);
   // An attach's reply precedes its snapshot; every other reply follows
-  // what was queued before it (outbox.h). A gone peer ends the loop on
-  // receive.
+  // what was queued before it (outbox.h). A failed send fails the outbox,
+  // which ends the loop before the next receive (FlushOutbox).
   if (out->has_attach_reply()) {
     outbox_.Send(*out).IgnoreError();
     FlushOutbox();
@@ -453,9 +465,10 @@ bool AttachServer::Session::FlushOutbox() {
 }
 
 bool AttachServer::Session::CheckOutbox() {
-  // The hot path: nothing queued, nothing broken (a broken outbox stays
+  // The hot path: nothing queued, nothing broken or failed (either stays
   // pending).
   if (!outbox_.pending()) return true;
+  if (outbox_.failed()) return false;  // the socket is shut down already
   if (outbox_.broken()) {
     if (broken_sent_) return false;
     broken_sent_ = true;

@@ -91,7 +91,8 @@ class AttachServer::Session {
   // Sends what the outbox holds; false when the session must end.
   bool FlushOutbox();
   // False when the outbox broke (the session must end; the engine was
-  // told once); true otherwise, sending nothing.
+  // told once) or a send failed (the session ends as a dropped
+  // connection); true otherwise, sending nothing.
   bool CheckOutbox();
   // SO_RCVTIMEO of the session's socket.
   void SetReceiveTimeout(absl::Duration timeout);
