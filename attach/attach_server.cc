@@ -125,7 +125,7 @@ void AttachServer::AcceptLoop() {
                sizeof(send_timeout));
     absl::MutexLock lock(&mu_);
     if (stopping_) break;
-    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+    if (!MakeRoomLocked()) {
       LogLine("attach: refusing a connection: %d sessions open",
               options_.max_sessions);
       continue;  // closes conn
@@ -136,6 +136,22 @@ void AttachServer::AcceptLoop() {
     sessions_[id] = std::move(session);
     s->Start();
   }
+}
+
+bool AttachServer::MakeRoomLocked() {
+  if (static_cast<int>(sessions_.size()) - evicted_ < options_.max_sessions) {
+    return true;
+  }
+  // Connections that never say Hello must not keep engines out: the oldest
+  // of them (lowest id) gives its place up. A session says Hello under mu_,
+  // so one found without a holder here has none.
+  for (auto& [id, session] : sessions_) {
+    if (!session->holder().empty() || session->evicted()) continue;
+    session->Evict();
+    ++evicted_;
+    return true;
+  }
+  return false;
 }
 
 void AttachServer::FreeAll(const std::string& name, Holder& h) {
@@ -183,6 +199,7 @@ std::string AttachServer::Finished(Session* session) {
       }
     }
   }
+  if (session->evicted()) --evicted_;
   auto node = sessions_.extract(session->id());
   if (!node.empty()) finished_.push_back(std::move(node.mapped()));
   return outcome;

@@ -71,8 +71,13 @@ struct AttachServerOptions {
   std::string socket_path;
   // Null: every session is admitted (no --auth_tokens).
   std::shared_ptr<const AccessPolicy> access;
-  // Connections beyond this are closed at once.
+  // Live sessions at most. A connection beyond it takes the place of the
+  // oldest one that has not said Hello yet (which is closed), or is closed
+  // at once when every session has said Hello.
   int max_sessions = 256;
+  // A connection that has not said Hello this long after it was accepted
+  // is ended (a SessionEnd saying why, then the socket is closed).
+  absl::Duration hello_timeout = absl::Seconds(5);
   // Longest reattach grace a Hello may ask for.
   absl::Duration max_reattach_grace = absl::Hours(1);
   // How often expired graces are reaped.
@@ -160,6 +165,9 @@ class AttachServer final : public SessionDirectory {
   AttachServer(Broker* broker, AttachServerOptions options, UniqueFd listener,
                UnixSocketFile socket_file, UniqueFd wake);
   void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a new connection may have a session: below max_sessions, or
+  // after closing the oldest session that has not said Hello.
+  bool MakeRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees `h`'s blocks in its pool (logging a failure) and forgets them.
   static void FreeAll(const std::string& name, Holder& h);
   // Called by a session's thread when it ends: frees or parks the holder's
@@ -184,6 +192,9 @@ class AttachServer final : public SessionDirectory {
   std::atomic<bool> stopping_{false};
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Sessions closed to make room for a new connection before their Hello
+  // (AcceptLoop), until their thread ends: they no longer count.
+  int evicted_ ABSL_GUARDED_BY(mu_) = 0;
   // Sessions whose thread has finished its work, joined and destroyed by
   // the accept loop or Stop.
   std::vector<std::unique_ptr<Session>> finished_ ABSL_GUARDED_BY(mu_);

@@ -93,6 +93,8 @@ class AttachServerTest : public ::testing::Test {
     o.socket_path = path_;
     o.reap_interval = absl::Milliseconds(5);
     o.send_timeout = send_timeout_;
+    o.hello_timeout = hello_timeout_;
+    o.max_sessions = max_sessions_;
     if (with_tokens) {
       kv1::AuthTokensFile file;
       auto* t = file.add_tokens();
@@ -156,6 +158,8 @@ class AttachServerTest : public ::testing::Test {
   std::unique_ptr<Broker> broker_;
   std::unique_ptr<AttachServer> server_;
   absl::Duration send_timeout_ = absl::Seconds(10);
+  absl::Duration hello_timeout_ = absl::Seconds(5);
+  int max_sessions_ = 256;
   std::string dir_;
   std::string path_;
 };
@@ -511,6 +515,50 @@ TEST_F(AttachServerTest, AnEngineThatDoesNotReadIsDropped) {
   EXPECT_LT(replies, sent + 1);
   server_->Stop();
   EXPECT_TRUE(server_->Sessions().empty());
+}
+
+// A connection that says nothing is ended at the Hello deadline, with a
+// SessionEnd saying why.
+TEST_F(AttachServerTest, AConnectionWithoutHelloIsEndedAtItsDeadline) {
+  hello_timeout_ = absl::Milliseconds(50);
+  StartServer();
+  auto ch = FrameChannel::Connect(path_);
+  ASSERT_TRUE(ch.ok());
+  // An upper bound for a daemon that never ends the session.
+  const timeval bound = {20, 0};
+  setsockopt(ch->fd(), SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof(bound));
+  auto end = ch->Receive();
+  ASSERT_TRUE(end.ok()) << end.status();
+  ASSERT_TRUE(end->frame.has_session_end()) << end->frame.DebugString();
+  EXPECT_THAT(end->frame.session_end().message(), HasSubstr("no Hello"));
+  EXPECT_FALSE(ch->Receive().ok());
+  Eventually([&] { return server_->Sessions().empty(); });
+}
+
+// Connections that never say Hello cannot keep engines out: with every
+// place taken by them, each engine takes the place of the oldest, and only
+// sessions that said Hello keep theirs.
+TEST_F(AttachServerTest, SilentConnectionsGiveTheirPlacesToEngines) {
+  max_sessions_ = 2;
+  hello_timeout_ = absl::Hours(1);
+  StartServer();
+  auto first = FrameChannel::Connect(path_);
+  ASSERT_TRUE(first.ok());
+  Eventually([&] { return server_->Sessions().size() == 1; });
+  auto second = FrameChannel::Connect(path_);
+  ASSERT_TRUE(second.ok());
+  Eventually([&] { return server_->Sessions().size() == 2; });
+  auto a = Connect("engine-a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(first->Receive().ok());  // closed for engine-a
+  auto b = Connect("engine-b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(second->Receive().ok());
+  Eventually([&] { return server_->Sessions().size() == 2; });
+  EXPECT_FALSE(Connect("engine-c").ok());
+  ASSERT_EQ(server_->Sessions().size(), 2u);
+  EXPECT_EQ(server_->Sessions()[0].holder, "engine-a");
+  EXPECT_EQ(server_->Sessions()[1].holder, "engine-b");
 }
 
 // The holder's set checks runs of consecutive ids a word at a time: a run

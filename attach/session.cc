@@ -74,7 +74,8 @@ AttachServer::Session::Session(AttachServer* server, uint64_t id,
       id_(id),
       channel_(std::move(socket)),
       frames_(FrameArenaOptions(frame_block_, sizeof(frame_block_))),
-      outbox_(&channel_) {
+      outbox_(&channel_),
+      hello_deadline_(absl::Now() + server->options_.hello_timeout) {
   SetReceiveTimeout(kIdleTick);
 }
 
@@ -119,6 +120,18 @@ void AttachServer::Session::Run() {
         end.mutable_session_end()->set_reason(v1::DAEMON_STOPPING);
         outbox_.Send(end).IgnoreError();
       }
+      break;
+    }
+    // Looked at after every receive, whatever came: frames other than Hello
+    // do not keep a connection that never says it.
+    if (!greeted_ && absl::Now() >= hello_deadline_) {
+      LogLine("attach: session %d: no Hello within %s; closing it", id_,
+              absl::FormatDuration(server_->options_.hello_timeout));
+      v1::Frame end;
+      end.mutable_session_end()->set_message(
+          absl::StrCat("no Hello within ",
+                       absl::FormatDuration(server_->options_.hello_timeout)));
+      outbox_.Send(end).IgnoreError();
       break;
     }
     if (!got.ok()) {

@@ -47,6 +47,15 @@ class AttachServer::Session {
   // Ends the session's wait for the engine (Stop): its next receive reads
   // end of stream. Called under the server's lock.
   void Interrupt() { shutdown(channel_.fd(), SHUT_RD); }
+  // Ends a session that has not said Hello, to make room for another
+  // connection: its socket is shut both ways. Called under the server's
+  // lock, which Hello takes, so the session cannot be greeted afterwards.
+  void Evict() {
+    evicted_ = true;
+    shutdown(channel_.fd(), SHUT_RDWR);
+  }
+  // Read and written under the server's lock.
+  bool evicted() const { return evicted_; }
   // Set once by Hello / Attach on the session's thread, read under the
   // server's lock by Sessions().
   const std::string& holder() const { return holder_; }
@@ -153,6 +162,10 @@ class AttachServer::Session {
   // grace_ and pool_name_ are also read by Sessions(), after being written
   // under the server's lock).
   bool greeted_ = false;
+  // When the session must have said Hello by (hello_timeout).
+  const absl::Time hello_deadline_;
+  // Evict() was called (under the server's lock).
+  bool evicted_ = false;
   std::string holder_;
   // The holder's entry in server_->holders_, set by Hello; stays while
   // this session is its live session (only Finished, on this thread,
