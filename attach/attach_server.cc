@@ -19,6 +19,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "attach/session.h"
@@ -156,12 +157,15 @@ bool AttachServer::MakeRoomLocked() {
 
 void AttachServer::FreeAll(const std::string& name, Holder& h) {
   if (h.pool != nullptr && !h.blocks.empty()) {
-    const std::vector<BlockId> ids = h.blocks.Sorted();
+    std::vector<BlockId> ids = h.blocks.Sorted();
     FreeRequest free;
     free.block_ids = ids;
     absl::StatusOr<FreeResult> r = h.pool->Free(free);
-    // A deleted pool took its blocks with it.
-    if (!r.ok() && GetReason(r.status()) != FailureReason::kPoolNotFound) {
+    if (GetReason(r.status()) == FailureReason::kBlockNotAllocated) {
+      FreeStillAllocated(name, h, std::move(ids));
+    } else if (!r.ok() &&
+               GetReason(r.status()) != FailureReason::kPoolNotFound) {
+      // A deleted pool took its blocks with it.
       LogLine("attach: freeing %d blocks of holder %s: %s", ids.size(), name,
               r.status().ToString());
     }
@@ -170,6 +174,57 @@ void AttachServer::FreeAll(const std::string& name, Holder& h) {
   h.free_request_ids.clear();
   h.remembered_frees.clear();
   h.pool = nullptr;
+}
+
+void AttachServer::FreeStillAllocated(const std::string& name, const Holder& h,
+                                      std::vector<BlockId> ids) {
+  const size_t owned = ids.size();
+  // A block freed behind the holder's back and handed to another holder
+  // since is that holder's now. (One handed out over gRPC cannot be told
+  // from the holder's own: it is freed below.)
+  ids.erase(std::remove_if(ids.begin(), ids.end(),
+                           [&](BlockId b) {
+                             for (const auto& [other_name, other] : holders_) {
+                               if (&other != &h && other.pool == h.pool &&
+                                   other.blocks.contains(b)) {
+                                 return true;
+                               }
+                             }
+                             return false;
+                           }),
+            ids.end());
+  const size_t taken = owned - ids.size();
+  // The pool frees all of a list or none: halves are tried until each
+  // refused part is one block, so a few blocks gone cost a few Frees per
+  // halving, not one per block.
+  int64_t gone = 0;
+  std::vector<absl::Span<const BlockId>> todo = {ids};
+  while (!todo.empty()) {
+    const absl::Span<const BlockId> part = todo.back();
+    todo.pop_back();
+    FreeRequest free;
+    free.block_ids = part;
+    absl::StatusOr<FreeResult> r = h.pool->Free(free);
+    if (r.ok()) continue;
+    if (GetReason(r.status()) != FailureReason::kBlockNotAllocated) {
+      if (GetReason(r.status()) != FailureReason::kPoolNotFound) {
+        LogLine("attach: freeing blocks of holder %s: %s", name,
+                r.status().ToString());
+      }
+      return;
+    }
+    if (part.size() == 1) {
+      ++gone;
+      continue;
+    }
+    const size_t half = part.size() / 2;
+    todo.push_back(part.subspan(half));
+    todo.push_back(part.subspan(0, half));
+  }
+  LogLine(
+      "attach: holder %s: %d of its %d blocks were freed elsewhere and %d "
+      "are another holder's now; the rest were freed",
+      name, gone, owned, taken);
 }
 
 std::string AttachServer::Finished(Session* session) {

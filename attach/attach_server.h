@@ -169,7 +169,16 @@ class AttachServer final : public SessionDirectory {
   // after closing the oldest session that has not said Hello.
   bool MakeRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees `h`'s blocks in its pool (logging a failure) and forgets them.
-  static void FreeAll(const std::string& name, Holder& h);
+  // Blocks freed behind the holder's back (over gRPC, which checks no
+  // holder) do not keep the others from being freed: FreeStillAllocated.
+  void FreeAll(const std::string& name, Holder& h)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the pool refused to free all of `ids` (BLOCK_NOT_ALLOCATED):
+  // frees those of them still allocated, leaving out any that another
+  // holder of the pool now owns, and logs what was gone.
+  void FreeStillAllocated(const std::string& name, const Holder& h,
+                          std::vector<BlockId> ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Called by a session's thread when it ends: frees or parks the holder's
   // blocks; returns what became of them, for the engine's SessionEnd reply.
   std::string Finished(Session* session) ABSL_LOCKS_EXCLUDED(mu_);

@@ -561,6 +561,36 @@ TEST_F(AttachServerTest, SilentConnectionsGiveTheirPlacesToEngines) {
   EXPECT_EQ(server_->Sessions()[1].holder, "engine-b");
 }
 
+// A holder's end frees every block it still has, though some were freed
+// behind its back over gRPC (which checks no holder): the pool refuses a
+// Free naming any of those, and the rest are freed without them. A block
+// freed that way and handed to another holder since stays that holder's.
+TEST_F(AttachServerTest, EndFreesWhatIsLeftAfterBlocksWereFreedElsewhere) {
+  StartServer();
+  auto b = Attached("engine-b");
+  ASSERT_NE(b, nullptr);
+  auto theirs = b->Alloc(6);
+  ASSERT_TRUE(theirs.ok());
+  ASSERT_EQ(theirs->size(), 6u);
+  std::shared_ptr<PagePool> pool = *broker_->GetPool("kv");
+  // Two freed as a gRPC caller would; one of them allocated to c.
+  const std::vector<int64_t> elsewhere = {(*theirs)[1], (*theirs)[4]};
+  FreeRequest grpc;
+  grpc.block_ids = elsewhere;
+  ASSERT_TRUE(pool->Free(grpc).ok());
+  EXPECT_EQ(Allocated(), 4);
+  auto c = Attached("engine-c");
+  ASSERT_NE(c, nullptr);
+  auto cs = c->Alloc(1);
+  ASSERT_TRUE(cs.ok());
+  ASSERT_EQ(*cs, std::vector<int64_t>{(*theirs)[1]});
+  EXPECT_EQ(Allocated(), 5);
+  ASSERT_TRUE(b->Close(/*release=*/true).ok());
+  EXPECT_EQ(Allocated(), 1);
+  ASSERT_TRUE(c->Free(*cs).ok());
+  EXPECT_EQ(Allocated(), 0);
+}
+
 // The holder's set checks runs of consecutive ids a word at a time: a run
 // with one id the holder lacks, a repeat across runs, and ids at the top of
 // int64 are refused whole, and the set is left exactly as it was.

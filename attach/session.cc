@@ -389,7 +389,7 @@ absl::Status AttachServer::Session::OnAttach(const v1::AttachRequest& request,
     Holder& h = *holder_entry_;
     if (h.pool != nullptr && h.pool != *pool) {
       // A reattach to another pool: what the holder kept elsewhere goes.
-      FreeAll(holder_, h);
+      server_->FreeAll(holder_, h);
     }
     h.pool = *pool;
     const std::vector<int64_t> held = h.blocks.Sorted();
