@@ -32,6 +32,10 @@ absl::Status Errno(absl::string_view what, int err) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(err)));
 }
 
+// How long the accept loop waits after accept4 failed for want of fds or
+// memory before it tries again.
+constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
+
 constexpr UnixSocketRole kAttachSocketRole = {SOCK_SEQPACKET,
                                               "--attach_socket"};
 
@@ -99,6 +103,7 @@ AttachServer::~AttachServer() { Stop(); }
 void AttachServer::AcceptLoop() {
   const int timeout_ms = static_cast<int>(
       std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.reap_interval)));
+  int last_accept_errno = 0;
   while (true) {
     pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
     const int n = poll(fds, 2, timeout_ms);
@@ -114,7 +119,28 @@ void AttachServer::AcceptLoop() {
     ReapExpired();
     if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
     UniqueFd conn(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!conn.valid()) continue;
+    if (!conn.valid()) {
+      const int err = errno;
+      // These concern one connection (or none): the next may be accepted.
+      if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK ||
+          err == ECONNABORTED || err == EPROTO) {
+        continue;
+      }
+      // Out of fds or memory, or worse: the connection stays in the
+      // backlog, so poll would report it again at once and the loop would
+      // spin. Wait a moment (or for Stop), and log the first of a series.
+      accept_failures_.fetch_add(1, std::memory_order_relaxed);
+      if (err != last_accept_errno) {
+        LogLine("attach: cannot accept connections: %s; retrying every %s",
+                strerror(err), absl::FormatDuration(kAcceptBackoff));
+        last_accept_errno = err;
+      }
+      pollfd wake = {wake_.get(), POLLIN, 0};
+      poll(&wake, 1,
+           static_cast<int>(absl::ToInt64Milliseconds(kAcceptBackoff)));
+      continue;
+    }
+    last_accept_errno = 0;
     // An engine that stops reading must not hold a session thread (or Stop)
     // forever: a send that cannot proceed for this long fails instead, and
     // ends the session (outbox.h).

@@ -126,6 +126,12 @@ class AttachServer final : public SessionDirectory {
   std::vector<SessionInfo> ListSessions() const override
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<HolderInfo> Holders() const ABSL_LOCKS_EXCLUDED(mu_);
+  // How many times accepting a connection failed for want of fds or memory
+  // (or another error that does not concern one connection); after each
+  // the accept loop waits 100 ms instead of trying again at once.
+  int64_t accept_failures() const {
+    return accept_failures_.load(std::memory_order_relaxed);
+  }
   // Frees the blocks of holders whose grace has passed (the accept thread
   // calls it every reap_interval).
   void ReapExpired() ABSL_LOCKS_EXCLUDED(mu_);
@@ -194,6 +200,7 @@ class AttachServer final : public SessionDirectory {
   // eventfd: readable once Stop began; the accept loop polls it.
   const UniqueFd wake_;
   std::thread accept_thread_;
+  std::atomic<int64_t> accept_failures_{0};
 
   mutable absl::Mutex mu_;
   // Set once, under mu_ (so that no session starts after Stop's

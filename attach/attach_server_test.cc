@@ -6,6 +6,7 @@
 #include "attach/attach_server.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -589,6 +590,47 @@ TEST_F(AttachServerTest, EndFreesWhatIsLeftAfterBlocksWereFreedElsewhere) {
   EXPECT_EQ(Allocated(), 1);
   ASSERT_TRUE(c->Free(*cs).ok());
   EXPECT_EQ(Allocated(), 0);
+}
+
+// Out of fds, the accept loop waits between attempts instead of spinning:
+// in a child process with no fd to spare, a connection waiting in the
+// backlog for half a second costs a few failed accepts, not one per pass.
+TEST_F(AttachServerTest, AcceptBacksOffWhenOutOfFds) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  EXPECT_EXIT(
+      {
+        StartServer();
+        UniqueFd client(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+        sockaddr_un addr = {};
+        addr.sun_family = AF_UNIX;
+        memcpy(addr.sun_path, path_.data(), path_.size());
+        // The lowest free fd: a limit of it leaves no fd to open.
+        const int spare = dup(0);
+        close(spare);
+        rlimit before;
+        getrlimit(RLIMIT_NOFILE, &before);
+        rlimit none = before;
+        none.rlim_cur = static_cast<rlim_t>(spare);
+        setrlimit(RLIMIT_NOFILE, &none);
+        if (connect(client.get(), reinterpret_cast<sockaddr*>(&addr),
+                    sizeof(addr)) != 0) {
+          _exit(2);
+        }
+        const absl::Time start = absl::Now();
+        absl::SleepFor(absl::Milliseconds(500));
+        const int64_t failures = server_->accept_failures();
+        // One attempt per 100 ms back-off, with room to spare: however long
+        // the sleep took, a loop that backs off stays within it, and one
+        // that spins (hundreds of thousands) does not.
+        const int64_t allowed =
+            2 + (absl::Now() - start) / absl::Milliseconds(50);
+        setrlimit(RLIMIT_NOFILE, &before);
+        fprintf(stderr, "accept failures: %lld of %lld allowed\n",
+                static_cast<long long>(failures),
+                static_cast<long long>(allowed));
+        _exit(failures >= 1 && failures <= allowed ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "accept failures");
 }
 
 // The holder's set checks runs of consecutive ids a word at a time: a run
