@@ -18,24 +18,10 @@ namespace {
 namespace av1 = ::kvbroker::attach::v1;
 using testing::Peer;
 
+// Four pages on one device, whose ordinal the ABI reports.
 av1::PoolLayout Layout() {
-  av1::PoolLayout l;
-  l.set_pool("kv");
-  l.set_backend("host");
-  l.set_page_size(2 << 20);
-  l.set_block_bytes(1 << 20);
-  l.set_num_layers(1);
-  l.set_num_kv_buffers(2);
-  l.set_bundle_bytes(4 << 20);
-  l.set_block_stride_bytes(2 << 20);
-  l.set_layer_offset_bytes(2 << 20);
-  l.set_buffer_offset_bytes(1 << 20);
-  l.set_page_count(4);
-  l.set_max_blocks(8);
-  l.set_virtual_bytes_per_device(16 << 20);
-  av1::Device* d = l.add_devices();
-  d->set_uuid("host-0");
-  d->set_ordinal(3);
+  av1::PoolLayout l = testing::HostLayout(4);
+  l.mutable_devices(0)->set_ordinal(3);
   return l;
 }
 

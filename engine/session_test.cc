@@ -60,24 +60,7 @@ struct Bundle {
   ~Bundle() { munmap(data, kBundle); }
 };
 
-av1::PoolLayout Layout() {
-  av1::PoolLayout l;
-  l.set_pool("kv");
-  l.set_backend("host");
-  l.set_page_size(2 << 20);
-  l.set_block_bytes(1 << 20);
-  l.set_num_layers(1);
-  l.set_num_kv_buffers(2);
-  l.set_bundle_bytes(kBundle);
-  l.set_block_stride_bytes(2 << 20);
-  l.set_layer_offset_bytes(2 << 20);
-  l.set_buffer_offset_bytes(1 << 20);
-  l.set_page_count(kPages);
-  l.set_max_blocks(8);
-  l.set_virtual_bytes_per_device(kPages * kBundle);
-  l.add_devices()->set_uuid("host-0");
-  return l;
-}
+av1::PoolLayout Layout() { return testing::HostLayout(kPages); }
 
 // The daemon's reply to the Alloc of `seq`: `block` on `page`.
 av1::Frame AllocReply(uint64_t seq, int64_t page, int64_t block) {

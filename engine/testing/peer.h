@@ -24,6 +24,29 @@
 
 namespace kvbroker::engine::testing {
 
+// A host pool's layout, every field following from P = 2 MiB, B = 1 MiB,
+// L = 1, K = 2 and `pages` pages (4 MiB bundles, two blocks a page), on one
+// device "host-0".
+inline attach::v1::PoolLayout HostLayout(int64_t pages) {
+  constexpr int64_t kBundle = 4 << 20;
+  attach::v1::PoolLayout l;
+  l.set_pool("kv");
+  l.set_backend("host");
+  l.set_page_size(2 << 20);
+  l.set_block_bytes(1 << 20);
+  l.set_num_layers(1);
+  l.set_num_kv_buffers(2);
+  l.set_bundle_bytes(kBundle);
+  l.set_block_stride_bytes(2 << 20);
+  l.set_layer_offset_bytes(2 << 20);
+  l.set_buffer_offset_bytes(1 << 20);
+  l.set_page_count(pages);
+  l.set_max_blocks(2 * pages);
+  l.set_virtual_bytes_per_device(pages * kBundle);
+  l.add_devices()->set_uuid("host-0");
+  return l;
+}
+
 // The daemon's side of one session, driven by the test.
 class Peer {
  public:
