@@ -207,18 +207,20 @@ void AttachServer::FreeStillAllocated(const std::string& name, const Holder& h,
   const size_t owned = ids.size();
   // A block freed behind the holder's back and handed to another holder
   // since is that holder's now. (One handed out over gRPC cannot be told
-  // from the holder's own: it is freed below.)
-  ids.erase(std::remove_if(ids.begin(), ids.end(),
-                           [&](BlockId b) {
-                             for (const auto& [other_name, other] : holders_) {
-                               if (&other != &h && other.pool == h.pool &&
-                                   other.blocks.contains(b)) {
-                                 return true;
-                               }
-                             }
-                             return false;
-                           }),
-            ids.end());
+  // from the holder's own: it is freed below.) A loop, not remove_if: the
+  // lock analysis does not follow mu_ into a lambda.
+  size_t kept = 0;
+  for (BlockId b : ids) {
+    bool theirs = false;
+    for (const auto& [other_name, other] : holders_) {
+      if (&other != &h && other.pool == h.pool && other.blocks.contains(b)) {
+        theirs = true;
+        break;
+      }
+    }
+    if (!theirs) ids[kept++] = b;
+  }
+  ids.resize(kept);
   const size_t taken = owned - ids.size();
   // The pool frees all of a list or none: halves are tried until each
   // refused part is one block, so a few blocks gone cost a few Frees per
