@@ -955,6 +955,36 @@ TEST_F(AttachServerTest, RedeemsAReservationAtAttach) {
   EXPECT_EQ(server_->Holders()[0].blocks, 6);
 }
 
+// A connection whose Hello was refused holds nothing: the SessionEnd it
+// sends next is confirmed at once (not refused as "the first message must
+// be Hello", which left the engine waiting out its close timeout).
+TEST_F(AttachServerTest, ASessionEndBeforeASuccessfulHelloIsConfirmed) {
+  StartServer(/*with_tokens=*/true);
+  auto ch = FrameChannel::Connect(path_);
+  ASSERT_TRUE(ch.ok());
+  v1::Frame hello;
+  hello.set_seq(1);
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  hello.mutable_hello()->set_holder("engine-a");
+  hello.mutable_hello()->set_token("wrong-token-0123456789");
+  ASSERT_TRUE(ch->Send(hello).ok());
+  absl::StatusOr<ReceivedFrame> refused = ch->Receive();
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->frame.seq(), 1u);
+  EXPECT_TRUE(refused->frame.has_error());
+  v1::Frame end;
+  end.set_seq(2);
+  end.mutable_session_end()->set_release(true);
+  ASSERT_TRUE(ch->Send(end).ok());
+  absl::StatusOr<ReceivedFrame> confirmed = ch->Receive();
+  ASSERT_TRUE(confirmed.ok()) << confirmed.status();
+  EXPECT_EQ(confirmed->frame.seq(), 2u);
+  EXPECT_TRUE(confirmed->frame.has_session_end())
+      << confirmed->frame.DebugString();
+  Eventually([&] { return server_->Sessions().empty(); });
+  EXPECT_TRUE(server_->Holders().empty());
+}
+
 TEST_F(AttachServerTest, TokensAreCheckedAndScopedToPools) {
   StartServer(/*with_tokens=*/true);
   EXPECT_EQ(

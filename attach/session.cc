@@ -206,7 +206,10 @@ v1::Frame* AttachServer::Session::ReplyFrame(v1::Frame::BodyCase request) {
 bool AttachServer::Session::Handle(const v1::Frame& f) {
   const uint64_t seq = f.seq();
   seq_ = seq;
-  if (!greeted_ && !f.has_hello()) {
+  // A connection that ends before its Hello succeeded (one whose Hello was
+  // refused, say) holds nothing: its SessionEnd is confirmed at once, so
+  // the engine's close does not wait out its timeout.
+  if (!greeted_ && !f.has_hello() && !f.has_session_end()) {
     Reply(seq, ProtocolFailure(v1::UNEXPECTED_MESSAGE,
                                "the first message must be Hello"));
     return true;
