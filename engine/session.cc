@@ -80,7 +80,13 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(
       static_cast<int32_t>(absl::ToInt64Nanoseconds(
           grace - absl::Seconds(absl::ToInt64Seconds(grace)))));
   absl::StatusOr<const av1::Frame*> reply = session->Call(hello);
-  if (!reply.ok()) return reply.status();
+  if (!reply.ok()) {
+    // No session began (the daemon refused the Hello, or never answered
+    // it): the connection just closes, with no SessionEnd to wait for.
+    session->closed_ = true;
+    shutdown(session->channel_.fd(), SHUT_RDWR);
+    return reply.status();
+  }
   if (!(*reply)->has_hello_reply()) {
     return ProtocolFailure(av1::UNEXPECTED_MESSAGE,
                            "the daemon did not answer Hello with HelloReply");

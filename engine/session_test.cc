@@ -175,6 +175,33 @@ class SessionTest : public ::testing::Test {
       create_mapper_;
 };
 
+// A Hello the daemon refuses began no session: the engine closes the
+// connection without a SessionEnd (which the daemon would have no session
+// to confirm) and returns the refusal at once.
+TEST(SessionConnectTest, ARefusedHelloClosesWithoutASessionEnd) {
+  Peer peer;
+  std::thread daemon([&] {
+    peer.Accept();
+    ReceivedFrame hello = peer.Next();
+    ASSERT_TRUE(hello.frame.has_hello());
+    av1::Frame refusal;
+    refusal.set_seq(hello.frame.seq());
+    *refusal.mutable_error() =
+        attach::ToError(absl::UnauthenticatedError("no such token"));
+    peer.Send(refusal);
+    absl::StatusOr<ReceivedFrame> next = peer.TryNext();
+    EXPECT_TRUE(absl::IsCancelled(next.status()))
+        << (next.ok() ? next->frame.DebugString() : next.status().ToString());
+  });
+  ConnectOptions o;
+  o.socket_path = peer.path();
+  o.holder = "rank0";
+  absl::StatusOr<std::unique_ptr<Session>> s = Session::Connect(o);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnauthenticated)
+      << s.status();
+  daemon.join();
+}
+
 TEST_F(SessionTest, MapsThePagesOfTheAttachAndSharesTheirBytes) {
   Open({0, 2});
   EXPECT_EQ(session_->hello().session_id(), 77u);
