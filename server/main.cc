@@ -9,6 +9,7 @@
 
 #include <grpcpp/security/server_credentials.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <memory>
@@ -171,6 +172,27 @@ ABSL_FLAG(absl::Duration, watch_interval, absl::Milliseconds(20),
 
 namespace kvbroker {
 namespace {
+
+// Raises the soft limit on open files to the hard one. The daemon's file
+// descriptors grow with the memory it maps: the host backend keeps one
+// memfd per mapped page and device, and every handle exported to engines
+// is one more (a 100 GiB pool of 2 MiB pages is 51,200 a device), while
+// the usual soft limit is 1,024. An exhausted limit is refused cleanly
+// (a failed map rolls back, a page that cannot be exported ends the
+// sessions that would miss it), but refused all the same.
+void RaiseOpenFileLimit() {
+  rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0 ||
+      files.rlim_cur >= files.rlim_max) {
+    return;
+  }
+  const rlim_t was = files.rlim_cur;
+  files.rlim_cur = files.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &files) == 0) {
+    LogLine("open files: up to %d (the soft limit was %d)",
+            static_cast<int64_t>(files.rlim_max), static_cast<int64_t>(was));
+  }
+}
 
 // The one place a backend is chosen: 'cuda' creates the CUDA backend
 // (allocator/cuda_backend.h) or fails, 'host' creates the host backend, and
@@ -343,6 +365,7 @@ int Run() {
         "(--tls_client_ca)"));
   }
 
+  RaiseOpenFileLimit();
   HostBackendOptions host_options;
   host_options.device_count =
       static_cast<int>(absl::GetFlag(FLAGS_host_device_count));

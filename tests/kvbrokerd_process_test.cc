@@ -9,6 +9,7 @@
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -21,7 +22,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "allocator/failure.h"
 #include "gtest/gtest.h"
@@ -215,6 +218,41 @@ TEST(Startup, ADirectoryIsNotAConfigFile) {
       absl::StrContains(err, "--tls_client_ca: " + dir + " is a directory"))
       << err;
   rmdir(dir.c_str());
+}
+
+// The soft limit on open files of /proc/PID/limits, or -1.
+int64_t SoftOpenFiles(pid_t pid) {
+  std::ifstream limits(absl::StrCat("/proc/", pid, "/limits"));
+  std::string line;
+  while (std::getline(limits, line)) {
+    if (!absl::StartsWith(line, "Max open files")) continue;
+    std::vector<std::string> words =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int64_t soft;
+    if (words.size() >= 4 && absl::SimpleAtoi(words[3], &soft)) return soft;
+  }
+  return -1;
+}
+
+// The daemon's fds grow with what it maps and exports: it raises its soft
+// limit on open files to the hard one. Started here with a soft limit of
+// 256 (which it inherits), it serves with the hard limit.
+TEST(Startup, RaisesItsOpenFileLimitToTheHardOne) {
+  rlimit mine;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &mine), 0);
+  if (mine.rlim_max <= 256) GTEST_SKIP() << "hard limit " << mine.rlim_max;
+  rlimit low = mine;
+  low.rlim_cur = 256;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  const std::string socket = NewSocketPath();
+  DaemonProcess daemon(HostFlags(socket));
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &mine), 0);
+  ASSERT_NE(daemon.WaitServing(), "") << daemon.Stderr();
+  EXPECT_EQ(SoftOpenFiles(daemon.pid()), static_cast<int64_t>(mine.rlim_max))
+      << daemon.Stderr();
+  EXPECT_TRUE(absl::StrContains(daemon.Stderr(), "the soft limit was 256"))
+      << daemon.Stderr();
+  RemoveSocketPath(socket);
 }
 
 TEST(Startup, PortsOutOfRangeAreRefused) {
