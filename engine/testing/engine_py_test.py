@@ -475,6 +475,25 @@ def test_a_wedged_daemon_times_calls_out_and_a_retry_learns_the_outcome(
         assert s.capacity()["allocated_blocks"] == 5
 
 
+def test_a_with_block_ends_quietly_after_the_daemon_died(daemon):
+    # Killed, the daemon sends no SessionEnd: the first call finds it gone,
+    # the session is closed from then on, and leaving the block raises
+    # nothing (the pages stay mapped until close unmaps them).
+    with engine.Session(daemon, holder="py-crash", token=TOKEN) as s:
+        s.attach("kv")
+        s.alloc(2)
+        proc = PROCS[daemon]
+        proc.kill()
+        proc.wait()
+        with pytest.raises(engine.EngineError) as e:
+            s.capacity()
+        assert e.value.code in (1, 14), e.value  # CANCELLED, UNAVAILABLE
+        with pytest.raises(engine.EngineError) as e:
+            s.capacity()
+        assert e.value.code == 9, e.value  # FAILED_PRECONDITION
+    assert s.mapped_pages == 0
+
+
 def test_session_end_and_reattach(daemon):
     s = engine.Session(daemon, holder="py-grace", token=TOKEN,
                        reattach_grace=600)
