@@ -14,7 +14,8 @@
 //     either in a listener's snapshot or announced to it later, never both
 //     and never neither.
 //   - Revoke: pages are about to be unmapped, but listeners know them: each
-//     listener is told (one revocation id per call) and the pages wait,
+//     listener is told (one revocation id per call, or per part of at
+//     most kMaxRevocationPages pages of a larger one) and the pages wait,
 //     out of use, until every one of them acknowledges (Ack) or leaves
 //     (RemoveListener); those calls return the pages that are then free to
 //     unmap. Pages no listener knows are returned at once.
