@@ -25,17 +25,6 @@ av1::PoolLayout Layout() {
   return l;
 }
 
-// Answers the Hello of the session being connected.
-void AnswerHello(Peer* peer) {
-  peer->Accept();
-  attach::ReceivedFrame hello = peer->Next();
-  ASSERT_TRUE(hello.frame.has_hello());
-  av1::Frame reply;
-  reply.set_seq(hello.frame.seq());
-  reply.mutable_hello_reply()->set_protocol_version(1);
-  peer->Send(reply);
-}
-
 // Answers the next Attach with Layout() and no pages.
 void AnswerAttach(Peer* peer) {
   attach::ReceivedFrame attach = peer->Next();
@@ -47,7 +36,7 @@ void AnswerAttach(Peer* peer) {
 }
 
 kvb_session* Connect(Peer* peer) {
-  std::thread daemon([peer] { AnswerHello(peer); });
+  std::thread daemon([peer] { peer->AcceptHello(); });
   kvb_session* s = nullptr;
   kvb_error err;
   EXPECT_EQ(kvb_connect(peer->path().c_str(), "", "rank0", 0, &s, &err), 0)

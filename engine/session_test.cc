@@ -184,11 +184,7 @@ TEST(SessionConnectTest, ARefusedHelloClosesWithoutASessionEnd) {
     peer.Accept();
     ReceivedFrame hello = peer.Next();
     ASSERT_TRUE(hello.frame.has_hello());
-    av1::Frame refusal;
-    refusal.set_seq(hello.frame.seq());
-    *refusal.mutable_error() =
-        attach::ToError(absl::UnauthenticatedError("no such token"));
-    peer.Send(refusal);
+    peer.Refuse(hello.frame.seq(), absl::UnauthenticatedError("no such token"));
     absl::StatusOr<ReceivedFrame> next = peer.TryNext();
     EXPECT_TRUE(absl::IsCancelled(next.status()))
         << (next.ok() ? next->frame.DebugString() : next.status().ToString());
@@ -833,19 +829,10 @@ TEST_F(SessionTest, AnAttachThatFailsAfterTheReplyEndsTheSession) {
 TEST_F(SessionTest, AnAttachTheDaemonRefusesMayBeTriedAgain) {
   fds_before_ = OpenFds();
   std::thread daemon([&] {
-    peer_.Accept();
-    ReceivedFrame hello = peer_.Next();
-    av1::Frame hr;
-    hr.set_seq(hello.frame.seq());
-    hr.mutable_hello_reply()->set_protocol_version(1);
-    peer_.Send(hr);
+    peer_.AcceptHello();
     ReceivedFrame first = peer_.Next();
     ASSERT_TRUE(first.frame.has_attach());
-    av1::Frame refusal;
-    refusal.set_seq(first.frame.seq());
-    *refusal.mutable_error() =
-        attach::ToError(absl::NotFoundError("no pool \"kv\""));
-    peer_.Send(refusal);
+    peer_.Refuse(first.frame.seq(), absl::NotFoundError("no pool \"kv\""));
     ReceivedFrame second = peer_.Next();
     ASSERT_TRUE(second.frame.has_attach());
     av1::Frame ar;

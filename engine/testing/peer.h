@@ -88,6 +88,24 @@ class Peer {
   void Send(const attach::v1::Frame& f, std::vector<int> fds = {}) {
     ASSERT_TRUE(channel_->Send(f, fds).ok());
   }
+  // Accepts the engine's connection and answers its Hello with protocol
+  // version 1.
+  void AcceptHello() {
+    Accept();
+    attach::ReceivedFrame hello = Next();
+    ASSERT_TRUE(hello.frame.has_hello());
+    attach::v1::Frame reply;
+    reply.set_seq(hello.frame.seq());
+    reply.mutable_hello_reply()->set_protocol_version(1);
+    Send(reply);
+  }
+  // Answers the request of `seq` with the daemon's refusal `why`.
+  void Refuse(uint64_t seq, const absl::Status& why) {
+    attach::v1::Frame refusal;
+    refusal.set_seq(seq);
+    *refusal.mutable_error() = attach::ToError(why);
+    Send(refusal);
+  }
   // Closes the connection (the engine sees the end of the stream).
   void Hangup() { channel_.reset(); }
 
