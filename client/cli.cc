@@ -846,6 +846,11 @@ absl::StatusOr<ClientOptions> MakeClientOptions() {
       options.bearer_token.empty() && env != nullptr) {
     options.bearer_token = env;
   }
+  // A token read from a file or a Kubernetes secret keeps its final line
+  // break; no token has whitespace at its ends (kvbrokerd trims it too).
+  // What is still not printable ASCII is refused by Connect (exit 2).
+  options.bearer_token =
+      std::string(absl::StripAsciiWhitespace(options.bearer_token));
   if (absl::GetFlag(FLAGS_tls) || !absl::GetFlag(FLAGS_tls_ca).empty() ||
       !absl::GetFlag(FLAGS_tls_cert).empty() ||
       !absl::GetFlag(FLAGS_tls_key).empty()) {

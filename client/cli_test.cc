@@ -678,6 +678,18 @@ TEST(CliSecureDaemon, MutualTlsAndScopedTokens) {
   EXPECT_EQ(r.rc, 0) << r.err;
   r = ctl("", true, {"capacity", "theirs"});
   EXPECT_EQ(r.rc, 8) << r.err;
+  // A token read from a file or a Kubernetes secret ends with a line break;
+  // gRPC cannot send one and kvbrokerctl aborted. Surrounding whitespace is
+  // trimmed, and a token still unsendable is a usage error that does not
+  // print the token.
+  setenv("KVBROKER_TOKEN", (engine + "\n").c_str(), 1);
+  r = ctl("", true, {"capacity", "mine"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = ctl(" " + engine + "\r\n", true, {"capacity", "mine"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = ctl("engine\x1b-token-0123456789", true, {"capacity", "mine"});
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "0123456789")) << r.err;
   unsetenv("KVBROKER_TOKEN");
   r = ctl(engine, true, {"pools", "--json"});
   ASSERT_EQ(r.rc, 0) << r.err;

@@ -59,6 +59,22 @@ absl::Duration Backoff(const RetryPolicy& policy, int attempt,
   return d;
 }
 
+// gRPC aborts the process on a header value with a byte outside printable
+// ASCII (a token read from a file often ends with a line break), so such a
+// token is refused before any call. The message never repeats the token.
+absl::Status CheckBearerToken(absl::string_view token) {
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the bearer token has byte 0x%02x at offset %d; a token must be "
+          "printable ASCII (one read from a file may end with a line break)",
+          c, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <typename Container>
 std::vector<int64_t> FlattenPages(const Container& pages) {
   std::vector<int64_t> ids;
@@ -115,7 +131,7 @@ absl::StatusOr<TlsOptions> TlsOptions::FromFiles(
 // CapacityWatch.
 
 CapacityWatch::~CapacityWatch() {
-  if (!finished_) {
+  if (!finished_ && reader_ != nullptr) {
     Cancel();
     v1::WatchCapacityResponse drain;
     while (reader_->Read(&drain)) {
@@ -153,6 +169,7 @@ void CapacityWatch::Cancel() { context_.TryCancel(); }
 KvBrokerClient::KvBrokerClient(std::shared_ptr<grpc::Channel> channel,
                                ClientOptions options)
     : options_(std::move(options)),
+      token_status_(CheckBearerToken(options_.bearer_token)),
       channel_(std::move(channel)),
       stub_(v1::KvBroker::NewStub(channel_)) {}
 
@@ -160,6 +177,10 @@ absl::StatusOr<std::unique_ptr<KvBrokerClient>> KvBrokerClient::Connect(
     ClientOptions options) {
   if (options.target.empty()) {
     return absl::InvalidArgumentError("empty server target");
+  }
+  if (absl::Status token = CheckBearerToken(options.bearer_token);
+      !token.ok()) {
+    return token;
   }
   std::shared_ptr<grpc::ChannelCredentials> creds;
   grpc::ChannelArguments args;
@@ -225,6 +246,7 @@ absl::StatusOr<Response> KvBrokerClient::Call(
     const CallOptions& call, Idempotency idempotency,
     const std::function<grpc::Status(grpc::ClientContext*, Response*)>&
         attempt) {
+  if (!token_status_.ok()) return token_status_;
   const absl::Time deadline = DeadlineOf(call);
   const int max_attempts = idempotency == Idempotency::kRetryable
                                ? std::max(1, options_.retry.max_attempts)
@@ -464,6 +486,11 @@ KvBrokerClient::Health(absl::string_view service, const CallOptions& call) {
 std::unique_ptr<CapacityWatch> KvBrokerClient::WatchCapacity(
     absl::string_view pool, int64_t max_pages, const CallOptions& call) {
   std::unique_ptr<CapacityWatch> watch(new CapacityWatch());
+  if (!token_status_.ok()) {
+    watch->finished_ = true;
+    watch->final_status_ = token_status_;
+    return watch;
+  }
   Prepare(&watch->context_, call.deadline.value_or(absl::InfiniteFuture()));
   v1::WatchCapacityRequest request;
   request.set_pool(std::string(pool));

@@ -130,7 +130,9 @@ struct ClientOptions {
   std::string target = "127.0.0.1:50051";
   // Set: TLS. Unset: insecure.
   std::optional<TlsOptions> tls;
-  // Non-empty: "authorization: Bearer <token>" on every call.
+  // Non-empty: "authorization: Bearer <token>" on every call. Printable
+  // ASCII only (gRPC cannot send other bytes in a header): Connect refuses
+  // anything else with INVALID_ARGUMENT, never naming the token.
   std::string bearer_token;
   // The deadline of a unary call (all attempts) when CallOptions gives none.
   absl::Duration timeout = absl::Seconds(10);
@@ -233,8 +235,8 @@ class KvBrokerClient {
  public:
   // Creates the channel (lazily connected: an unreachable server shows up
   // as UNAVAILABLE on the first call, or from WaitReady). Errors:
-  // INVALID_ARGUMENT for an empty target or a TLS certificate without its
-  // key.
+  // INVALID_ARGUMENT for an empty target, a bearer token that is not
+  // printable ASCII or a TLS certificate without its key.
   static absl::StatusOr<std::unique_ptr<KvBrokerClient>> Connect(
       ClientOptions options);
 
@@ -362,6 +364,9 @@ class KvBrokerClient {
           attempt);
 
   const ClientOptions options_;
+  // INVALID_ARGUMENT when options_.bearer_token cannot be sent (a client
+  // made by FromChannel); every call returns it unsent.
+  const absl::Status token_status_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::KvBroker::Stub> stub_;
 };

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -321,6 +322,50 @@ TEST(ConnectTest, ValidatesOptions) {
   EXPECT_EQ(
       TlsOptions::FromFiles("/nonexistent/ca.pem", "", "").status().code(),
       absl::StatusCode::kNotFound);
+}
+
+// A token that cannot travel in an HTTP/2 header (a line break from a
+// file or a Kubernetes secret, a control byte, non-ASCII) made gRPC abort the
+// process on the first call. It is refused up front instead, without
+// repeating the secret.
+TEST(ConnectTest, RefusesABearerTokenThatCannotBeSent) {
+  for (const std::string& token : std::vector<std::string>{
+           "s3cret-token\n", "s3cret-token\r", "s3cret\x1btoken",
+           "s3cret-\xc3\xa9t\xc3\xa9", std::string("s3cret\0token", 12)}) {
+    ClientOptions o;
+    o.target = "127.0.0.1:1";
+    o.bearer_token = token;
+    absl::StatusOr<std::unique_ptr<KvBrokerClient>> client =
+        KvBrokerClient::Connect(o);
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument)
+        << absl::CEscape(token);
+    EXPECT_THAT(std::string(client.status().message()),
+                ::testing::Not(::testing::HasSubstr("s3cret")));
+  }
+  // Over an existing channel every call is refused without being sent.
+  ScriptedService service;
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ClientOptions o;
+  o.bearer_token = "s3cret-token\n";
+  std::unique_ptr<KvBrokerClient> client = KvBrokerClient::FromChannel(
+      server->InProcessChannel(grpc::ChannelArguments()), o);
+  EXPECT_EQ(client->Capacity("demo").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Alloc("demo", 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::unique_ptr<CapacityWatch> watch = client->WatchCapacity("demo");
+  v1::CapacitySnapshot snapshot;
+  EXPECT_FALSE(watch->Next(&snapshot));
+  EXPECT_EQ(watch->Finish().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(service.seen(), SizeIs(0));
+  // Spaces around a token are legal in a header and trimmed by kvbrokerd.
+  o.bearer_token = "s3cret token ";
+  client = KvBrokerClient::FromChannel(
+      server->InProcessChannel(grpc::ChannelArguments()), o);
+  EXPECT_TRUE(client->Capacity("demo").ok());
+  server->Shutdown();
 }
 
 TEST(ConnectTest, NoServerIsUnavailableWithoutReason) {

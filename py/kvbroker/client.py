@@ -52,6 +52,18 @@ def blocks_by_page(
     return {page.page_id: list(page.block_ids) for page in reply.pages}
 
 
+def _check_token(token: str) -> None:
+    """Raises ValueError, without the secret, unless ``token`` is printable
+    ASCII, the only bytes a gRPC header may carry (a token read from a file
+    often ends with a line break: strip it)."""
+    for i, c in enumerate(token):
+        if not " " <= c <= "~":
+            raise ValueError(
+                f"the bearer token has character {ord(c):#04x} at offset "
+                f"{i}; a token must be printable ASCII (one read from a file "
+                f"may end with a line break: strip it)")
+
+
 def _seconds(value: Seconds) -> float:
     if isinstance(value, datetime.timedelta):
         return value.total_seconds()
@@ -143,7 +155,7 @@ class KvBrokerClient:
       tls: TLS options; None is plaintext (a Unix socket, or TCP on a
         trusted network).
       token: bearer token sent as ``authorization: Bearer <token>`` on every
-        call.
+        call; printable ASCII, else ValueError (which never repeats it).
       timeout: seconds a unary call may take, all attempts included, when
         the call gives no ``timeout`` of its own.
       retry: attempts and backoff (retry.py says what is retried).
@@ -161,6 +173,8 @@ class KvBrokerClient:
                  channel_options: Iterable[Tuple[str, object]] = ()):
         if not target:
             raise ValueError("empty target")
+        if token:
+            _check_token(token)
         self.target = target
         self.timeout = _seconds(timeout)
         self.retry = retry

@@ -113,3 +113,13 @@ def test_tokens_are_scoped_to_pools(secure, certs):
 def test_tls_options_want_a_key_with_a_certificate():
     with pytest.raises(ValueError):
         TlsOptions(root_ca=b"ca", cert=b"cert")
+
+
+@pytest.mark.parametrize("token", [f"{ENGINE}\n", f"{ENGINE}\x1b",
+                                   f"{ENGINE}\u00e9"])
+def test_a_token_that_cannot_be_sent_is_refused_without_echoing_it(token):
+    # gRPC refused it only at the first call, with a ValueError that
+    # printed the secret.
+    with pytest.raises(ValueError) as raised:
+        KvBrokerClient("127.0.0.1:1", token=token)
+    assert ENGINE not in str(raised.value)
