@@ -29,6 +29,15 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   std::ostringstream out;
   out << in.rdbuf();
+  // An empty PEM means "the system's roots" to gRPC: a file named but
+  // empty (or a directory, which opens but reads nothing) must not turn
+  // into trusting every public CA.
+  if (out.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     " is empty or not a readable file; a PEM file "
+                     "was expected"));
+  }
   return out.str();
 }
 

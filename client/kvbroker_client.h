@@ -109,7 +109,9 @@ struct TlsOptions {
   std::string target_name_override;
 
   // Reads the PEM files; an empty path leaves its field empty.
-  // Errors: NOT_FOUND / PERMISSION_DENIED / ... from reading a file.
+  // Errors: NOT_FOUND for a file that cannot be opened; INVALID_ARGUMENT
+  // for one that is empty or reads nothing (a directory), which would
+  // otherwise mean "the system's roots".
   static absl::StatusOr<TlsOptions> FromFiles(const std::string& root_ca_path,
                                               const std::string& cert_path,
                                               const std::string& key_path);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <deque>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <string>
@@ -366,6 +367,25 @@ TEST(ConnectTest, RefusesABearerTokenThatCannotBeSent) {
       server->InProcessChannel(grpc::ChannelArguments()), o);
   EXPECT_TRUE(client->Capacity("demo").ok());
   server->Shutdown();
+}
+
+// An empty file or a directory named as the CA once gave an empty PEM, which
+// gRPC takes as "the system's roots": the client trusted every public CA
+// instead of the one it was told to.
+TEST(ConnectTest, TlsFilesThatAreEmptyOrDirectoriesAreRefused) {
+  const char* env = std::getenv("TEST_TMPDIR");
+  const std::string dir = env != nullptr ? env : "/tmp";
+  const std::string empty = dir + "/empty.pem";
+  { std::ofstream f(empty); }
+  for (const std::string& path : {empty, dir}) {
+    absl::StatusOr<TlsOptions> tls = TlsOptions::FromFiles(path, "", "");
+    EXPECT_FALSE(tls.ok()) << path;
+    EXPECT_THAT(std::string(tls.status().message()),
+                ::testing::HasSubstr(path));
+    EXPECT_FALSE(TlsOptions::FromFiles("", path, "").ok()) << path;
+    EXPECT_FALSE(TlsOptions::FromFiles("", "", path).ok()) << path;
+  }
+  EXPECT_TRUE(TlsOptions::FromFiles("client/testdata/ca.pem", "", "").ok());
 }
 
 TEST(ConnectTest, NoServerIsUnavailableWithoutReason) {

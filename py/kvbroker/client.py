@@ -94,13 +94,19 @@ class TlsOptions:
     def from_files(cls, root_ca: Optional[str] = None,
                    cert: Optional[str] = None, key: Optional[str] = None,
                    target_name_override: Optional[str] = None) -> "TlsOptions":
-        """Reads the PEM files; a path left None leaves its field None."""
+        """Reads the PEM files; a path left None leaves its field None.
+        Raises OSError for a file that cannot be read, ValueError for an
+        empty one."""
 
         def read(path):
             if path is None:
                 return None
             with open(path, "rb") as f:
-                return f.read()
+                data = f.read()
+            if not data:
+                # b"" is neither "the system's roots" nor a PEM to gRPC.
+                raise ValueError(f"{path} is empty; a PEM file was expected")
+            return data
 
         return cls(read(root_ca), read(cert), read(key), target_name_override)
 

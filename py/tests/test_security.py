@@ -123,3 +123,15 @@ def test_a_token_that_cannot_be_sent_is_refused_without_echoing_it(token):
     with pytest.raises(ValueError) as raised:
         KvBrokerClient("127.0.0.1:1", token=token)
     assert ENGINE not in str(raised.value)
+
+
+def test_an_empty_or_unreadable_tls_file_is_refused(tmp_path):
+    # An empty CA file gave root_ca=b"", which is neither "the system's
+    # roots" nor a CA: the handshake failed later with a transport error.
+    empty = tmp_path / "empty.pem"
+    empty.write_bytes(b"")
+    for field in ("root_ca", "cert", "key"):
+        with pytest.raises(ValueError, match="empty.pem"):
+            TlsOptions.from_files(**{field: str(empty)})
+    with pytest.raises(OSError):
+        TlsOptions.from_files(root_ca=str(tmp_path))
