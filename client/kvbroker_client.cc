@@ -45,9 +45,13 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 // and the deadline).
 bool IsRetryableFailure(const absl::Status& status) {
   if (status.code() != absl::StatusCode::kUnavailable) return false;
-  const v1::Reason reason = GetKvbReason(status);
-  return reason == v1::REASON_UNSPECIFIED || reason == v1::MAPPING_FAILED ||
-         reason == v1::DRAINING;  // not run: safe to send again
+  const KvbError e = GetKvbError(status).value();
+  if (e.reason == v1::MAPPING_FAILED || e.reason == v1::DRAINING) {
+    return true;  // not run: safe to send again
+  }
+  // The transport's own failure carries no kvbroker reason. A reason this
+  // build does not know (a newer daemon) is the daemon's word: final.
+  return e.reason_name == v1::Reason_Name(v1::REASON_UNSPECIFIED);
 }
 
 // The wait before attempt `attempt + 1` (attempt >= 1 has just failed).

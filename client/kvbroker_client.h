@@ -31,10 +31,11 @@
 // WatchCapacity has no deadline unless CallOptions gives one.
 //
 // Retries. Only idempotent calls are retried, and only on UNAVAILABLE that
-// is either the transport's own (no kvbroker reason) or MAPPING_FAILED (a
-// driver error that was rolled back). Capacity refusals (POOL_EXHAUSTED,
-// GPU_MEMORY_EXHAUSTED, ...) and every other kvbroker reason are returned at
-// once. Idempotent calls: GetPool, ListPools, Capacity, GetPageOccupancy,
+// is either the transport's own (no kvbroker reason), MAPPING_FAILED (a
+// driver error that was rolled back) or DRAINING. Capacity refusals
+// (POOL_EXHAUSTED, GPU_MEMORY_EXHAUSTED, ...) and every other kvbroker
+// reason, one this build does not know included, are returned at once.
+// Idempotent calls: GetPool, ListPools, Capacity, GetPageOccupancy,
 // ListSessions (read-only); SetMemoryLimit (its revision makes a replay
 // harmless); Alloc, Reserve and Free, because they always carry a request_id:
 // the caller's, or a random 128-bit hex id generated once per call and sent

@@ -511,6 +511,17 @@ TEST_F(ClientTest, OtherReasonsAreNotRetriedEvenWhenUnavailable) {
   EXPECT_THAT(service_.seen(), SizeIs(1));
 }
 
+// A reason this build does not know (a newer daemon) is still the daemon's
+// word, not a transport failure: it is returned at once, as Python does.
+TEST_F(ClientTest, UnknownReasonsAreNotRetriedEvenWhenUnavailable) {
+  service_.Script({Rich(grpc::StatusCode::UNAVAILABLE, "SOME_NEWER_REASON"),
+                   Unavailable()});
+  absl::StatusOr<v1::AllocResponse> r = NewClient()->Alloc("demo", 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(GetKvbError(r.status())->reason_name, "SOME_NEWER_REASON");
+  EXPECT_THAT(service_.seen(), SizeIs(1));
+}
+
 TEST_F(ClientTest, OtherCodesAreNotRetried) {
   service_.Script({grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "slow"),
                    grpc::Status(grpc::StatusCode::INTERNAL, "bug")});
