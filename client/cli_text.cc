@@ -97,23 +97,30 @@ struct BarPart {
 
 // PageBar's states, in bar order.
 constexpr BarPart kBarParts[] = {
-    {"full", "\x1b[31m", '#'},      {"open", "\x1b[33m", '+'},
-    {"idle", "\x1b[32m", '='},      {"mapping", "\x1b[36m", '~'},
-    {"revoking", "\x1b[34m", '<'},  {"quarantined", "\x1b[41m", '!'},
-    {"free", "\x1b[2m", '.'},       {"reclaimed", "\x1b[35m", 'x'},
+    {"full", "\x1b[31m", '#'},     {"open", "\x1b[33m", '+'},
+    {"idle", "\x1b[32m", '='},     {"mapping", "\x1b[36m", '~'},
+    {"revoking", "\x1b[34m", '<'}, {"quarantined", "\x1b[41m", '!'},
+    {"free", "\x1b[2m", '.'},      {"reclaimed", "\x1b[35m", 'x'},
 };
 constexpr size_t kBarPartCount = sizeof(kBarParts) / sizeof(kBarParts[0]);
 
 }  // namespace
 
 std::string PageBar(const v1::PageCounts& p, int width) {
-  const int64_t pages[kBarPartCount] = {
-      p.full_pages(),     p.open_pages(),        p.idle_pages(),
-      p.mapping_pages(),  p.revoking_pages(),    p.quarantined_pages(),
-      p.free_pages(),     p.reclaimed_pages(),
+  // The counts are the daemon's word: a negative one counts as none, and
+  // the sums are taken in 128 bits, so that no answer makes a share
+  // negative or wider than the bar.
+  using Wide = __int128;
+  Wide pages[kBarPartCount] = {
+      p.full_pages(),    p.open_pages(),      p.idle_pages(),
+      p.mapping_pages(), p.revoking_pages(),  p.quarantined_pages(),
+      p.free_pages(),    p.reclaimed_pages(),
   };
-  int64_t total = 0;
-  for (int64_t n : pages) total += n;
+  Wide total = 0;
+  for (Wide& n : pages) {
+    n = std::max<Wide>(n, 0);
+    total += n;
+  }
   if (total == 0 || width <= 0) {
     return absl::StrCat("[", std::string(std::max(width, 0), ' '), "]");
   }

@@ -1,9 +1,10 @@
 #include "client/cli_text.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-
 #include "client/kvbroker_client.h"
 #include "gtest/gtest.h"
 #include "proto/google/rpc/error_details.pb.h"
@@ -95,25 +96,60 @@ TEST(PageBarTest, EveryStateHasItsShareRevokingAndQuarantinedIncluded) {
   pages.set_free_pages(12);
   pages.set_empty_pages(5);  // never shown
   EXPECT_EQ(PageBar(pages, 20),
-            absl::StrCat("[", Glyphs("\x1b[31m", '#', 2), Glyphs("\x1b[33m", '+', 1),
-                         Glyphs("\x1b[32m", '=', 1), Glyphs("\x1b[34m", '<', 2),
-                         Glyphs("\x1b[41m", '!', 2), Glyphs("\x1b[2m", '.', 12),
-                         "]"));
+            absl::StrCat("[", Glyphs("\x1b[31m", '#', 2),
+                         Glyphs("\x1b[33m", '+', 1), Glyphs("\x1b[32m", '=', 1),
+                         Glyphs("\x1b[34m", '<', 2), Glyphs("\x1b[41m", '!', 2),
+                         Glyphs("\x1b[2m", '.', 12), "]"));
 }
 
 TEST(PageBarTest, AQuarantinedPageAmongManyStillShows) {
   v1::PageCounts pages;
   pages.set_free_pages(1000);
   pages.set_quarantined_pages(1);
-  EXPECT_EQ(PageBar(pages, 10),
-            absl::StrCat("[", Glyphs("\x1b[41m", '!', 1), Glyphs("\x1b[2m", '.', 9),
-                         "]"));
+  EXPECT_EQ(PageBar(pages, 10), absl::StrCat("[", Glyphs("\x1b[41m", '!', 1),
+                                             Glyphs("\x1b[2m", '.', 9), "]"));
   pages.set_quarantined_pages(0);
   pages.set_revoking_pages(1);
-  EXPECT_EQ(PageBar(pages, 10),
-            absl::StrCat("[", Glyphs("\x1b[34m", '<', 1), Glyphs("\x1b[2m", '.', 9),
-                         "]"));
+  EXPECT_EQ(PageBar(pages, 10), absl::StrCat("[", Glyphs("\x1b[34m", '<', 1),
+                                             Glyphs("\x1b[2m", '.', 9), "]"));
   EXPECT_EQ(PageBar(v1::PageCounts(), 4), "[    ]");
+}
+
+// The characters of `bar` a terminal shows (escape sequences left out).
+int VisibleWidth(const std::string& bar) {
+  int visible = 0;
+  for (size_t i = 0; i < bar.size(); ++i) {
+    if (bar[i] == '\x1b') {
+      i = bar.find('m', i);
+      if (i == std::string::npos) break;
+      continue;
+    }
+    ++visible;
+  }
+  return visible;
+}
+
+// Counts are the daemon's word: a negative one, or ones whose sum passes
+// int64 (signed overflow), once gave shares wider than the bar: 40 columns
+// for a bar of 20, pushing the rest of top's line off the screen.
+TEST(PageBarTest, NegativeOrHugeCountsFromADaemonStillDrawABar) {
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  v1::PageCounts negative;
+  negative.set_full_pages(2);
+  negative.set_free_pages(-1);
+  v1::PageCounts huge;
+  huge.set_full_pages(kMax);
+  huge.set_open_pages(kMax);
+  huge.set_free_pages(1);
+  v1::PageCounts all_negative;
+  all_negative.set_idle_pages(-5);
+  for (const v1::PageCounts& pages : {negative, huge, all_negative}) {
+    const std::string bar = PageBar(pages, 20);
+    EXPECT_EQ(VisibleWidth(bar), 22) << pages.ShortDebugString() << " " << bar;
+  }
+  EXPECT_EQ(PageBar(negative, 20),
+            absl::StrCat("[", Glyphs("\x1b[31m", '#', 20), "]"));
+  EXPECT_EQ(PageBar(all_negative, 4), "[    ]");
 }
 
 TEST(PageBarTest, LegendNamesEveryGlyphOfTheBar) {
