@@ -164,17 +164,20 @@ int Fail(const absl::Status& status, bool json) {
     std::cerr << ToJson(rpc) << std::endl;
     return ExitCodeFor(status);
   }
+  // Everything here came from the daemon (or echoes our arguments):
+  // printed with control bytes escaped.
   std::cerr << "error: ";
   if (e.reason_name != v1::Reason_Name(v1::REASON_UNSPECIFIED)) {
-    std::cerr << e.reason_name << " ";
+    std::cerr << Printable(e.reason_name) << " ";
   }
   std::cerr << "(" << absl::StatusCodeToString(status.code())
-            << "): " << e.message << "\n";
+            << "): " << Printable(e.message) << "\n";
   for (const auto& [key, value] : e.metadata) {
-    std::cerr << "  " << key << ": " << value << "\n";
+    std::cerr << "  " << Printable(key) << ": " << Printable(value) << "\n";
   }
   for (const auto& v : e.field_violations) {
-    std::cerr << "  field " << v.field() << ": " << v.description() << "\n";
+    std::cerr << "  field " << Printable(v.field()) << ": "
+              << Printable(v.description()) << "\n";
   }
   if (e.retry_delay.has_value()) {
     std::cerr << "  retry after " << absl::FormatDuration(*e.retry_delay)
@@ -184,7 +187,7 @@ int Fail(const absl::Status& status, bool json) {
 }
 
 int Usage(absl::string_view message) {
-  std::cerr << "kvbrokerctl: " << message
+  std::cerr << "kvbrokerctl: " << Printable(message)
             << "\n(kvbrokerctl --help lists commands and flags)\n";
   return kExitUsage;
 }
@@ -204,9 +207,11 @@ void PrintPageList(const v1::CapacitySnapshot& c) {
 }
 
 void PrintCapacity(const v1::CapacitySnapshot& c) {
-  std::cout << "pool " << c.pool() << "  generation " << c.generation() << "  "
-            << HealthText(c) << "\n";
-  if (!c.pool_uid().empty()) std::cout << "  uid      " << c.pool_uid() << "\n";
+  std::cout << "pool " << Printable(c.pool()) << "  generation "
+            << c.generation() << "  " << HealthText(c) << "\n";
+  if (!c.pool_uid().empty()) {
+    std::cout << "  uid      " << Printable(c.pool_uid()) << "\n";
+  }
   std::cout << "  blocks   available " << c.available_blocks() << " ("
             << c.available_tokens() << " tokens)  allocated "
             << c.allocated_blocks() << "  reserved " << c.reserved_blocks()
@@ -296,11 +301,12 @@ int CmdPools(Context& ctx) {
   for (const v1::PoolInfo& p : *pools) {
     const v1::CapacitySnapshot& c = p.capacity();
     std::cout << absl::StrFormat(
-        "%-20s %9s %9s %8d %7d %10d %10d %9d %10s  %s\n", p.spec().name(),
-        FormatBytes(p.spec().page_size()), FormatBytes(p.spec().block_bytes()),
-        p.spec().max_blocks(), p.page_count(), c.available_blocks(),
-        c.allocated_blocks(), c.reserved_blocks(),
-        FormatBytes(c.mapped_bytes()), c.healthy() ? "ok" : "FAILED");
+        "%-20s %9s %9s %8d %7d %10d %10d %9d %10s  %s\n",
+        Printable(p.spec().name()), FormatBytes(p.spec().page_size()),
+        FormatBytes(p.spec().block_bytes()), p.spec().max_blocks(),
+        p.page_count(), c.available_blocks(), c.allocated_blocks(),
+        c.reserved_blocks(), FormatBytes(c.mapped_bytes()),
+        c.healthy() ? "ok" : "FAILED");
   }
   return kExitOk;
 }
@@ -348,7 +354,7 @@ int CmdCreatePool(Context& ctx) {
     PrintJson(*info);
     return kExitOk;
   }
-  std::cout << "created pool " << info->spec().name() << ": page "
+  std::cout << "created pool " << Printable(info->spec().name()) << ": page "
             << FormatBytes(info->spec().page_size()) << ", block "
             << FormatBytes(info->spec().block_bytes()) << ", "
             << info->spec().max_blocks() << " block ids on "
@@ -368,7 +374,7 @@ int CmdDeletePool(Context& ctx) {
   if (ctx.json) {
     PrintJson(v1::DeletePoolResponse());
   } else {
-    std::cout << "deleted pool " << ctx.args[0] << "\n";
+    std::cout << "deleted pool " << Printable(ctx.args[0]) << "\n";
   }
   return kExitOk;
 }
@@ -404,10 +410,11 @@ int CmdAlloc(Context& ctx) {
     PrintJson(*r);
     return kExitOk;
   }
-  std::cout << "allocated " << r->num_blocks() << " blocks from " << ctx.args[0]
-            << " (" << r->pages_mapped() << " pages mapped, generation "
-            << r->generation() << (r->replayed() ? ", replayed" : "") << ")\n";
-  std::cout << "pool_uid: " << r->pool_uid() << "\n";
+  std::cout << "allocated " << r->num_blocks() << " blocks from "
+            << Printable(ctx.args[0]) << " (" << r->pages_mapped()
+            << " pages mapped, generation " << r->generation()
+            << (r->replayed() ? ", replayed" : "") << ")\n";
+  std::cout << "pool_uid: " << Printable(r->pool_uid()) << "\n";
   PrintBlocks(r->pages(), BlockIds(*r));
   return kExitOk;
 }
@@ -432,9 +439,10 @@ int CmdFree(Context& ctx) {
     PrintJson(*r);
     return kExitOk;
   }
-  std::cout << "freed " << r->freed_blocks() << " blocks in " << ctx.args[0]
-            << " (" << r->pages_unmapped() << " pages unmapped, generation "
-            << r->generation() << (r->replayed() ? ", replayed" : "") << ")\n";
+  std::cout << "freed " << r->freed_blocks() << " blocks in "
+            << Printable(ctx.args[0]) << " (" << r->pages_unmapped()
+            << " pages unmapped, generation " << r->generation()
+            << (r->replayed() ? ", replayed" : "") << ")\n";
   return kExitOk;
 }
 
@@ -453,13 +461,14 @@ int CmdReserve(Context& ctx) {
   }
   const absl::Time expiry = absl::FromUnixSeconds(r->expire_time().seconds()) +
                             absl::Nanoseconds(r->expire_time().nanos());
-  std::cout << "reservation " << r->reservation_id() << ": " << r->num_blocks()
-            << " blocks in " << ctx.args[0] << ", expires "
+  std::cout << "reservation " << Printable(r->reservation_id()) << ": "
+            << r->num_blocks() << " blocks in " << Printable(ctx.args[0])
+            << ", expires "
             << absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", expiry,
                                 absl::LocalTimeZone())
             << " (generation " << r->generation()
             << (r->replayed() ? ", replayed" : "") << ")\n";
-  std::cout << "pool_uid: " << r->pool_uid() << "\n";
+  std::cout << "pool_uid: " << Printable(r->pool_uid()) << "\n";
   PrintBlocks(r->pages(), BlockIds(*r));
   return kExitOk;
 }
@@ -475,7 +484,8 @@ int CmdRelease(Context& ctx) {
     return kExitOk;
   }
   std::cout << "released " << r->released_blocks() << " blocks of "
-            << ctx.args[1] << " (generation " << r->generation() << ")\n";
+            << Printable(ctx.args[1]) << " (generation " << r->generation()
+            << ")\n";
   return kExitOk;
 }
 
@@ -512,7 +522,8 @@ int CmdTrim(Context& ctx) {
     return kExitOk;
   }
   std::cout << "unmapped " << r->pages_unmapped() << " idle pages of "
-            << ctx.args[0] << " (generation " << r->generation() << ")\n";
+            << Printable(ctx.args[0]) << " (generation " << r->generation()
+            << ")\n";
   return kExitOk;
 }
 
@@ -549,7 +560,7 @@ int CmdWatch(Context& ctx) {
     }
     std::cout << absl::FormatTime("%H:%M:%S", absl::Now(),
                                   absl::LocalTimeZone())
-              << "  " << c.pool() << "  gen " << c.generation()
+              << "  " << Printable(c.pool()) << "  gen " << c.generation()
               << "  available " << c.available_blocks() << "  allocated "
               << c.allocated_blocks() << "  reserved " << c.reserved_blocks()
               << "  pages[" << PageCountsText(c.pages()) << "]  mapped "
@@ -618,8 +629,9 @@ int CmdSessions(Context& ctx) {
     }
     std::cout << absl::StrFormat(
         "%-8s %-24s %8d %-16s %6d %7d %8d %11d %9s  %s\n",
-        s.session_id() == 0 ? "-" : absl::StrCat(s.session_id()), s.holder(),
-        s.pid(), s.pool().empty() ? "-" : s.pool(), s.mapped_pages(),
+        s.session_id() == 0 ? "-" : absl::StrCat(s.session_id()),
+        Printable(s.holder()), s.pid(),
+        s.pool().empty() ? "-" : Printable(s.pool()), s.mapped_pages(),
         s.blocks(), s.pending_revocations(), s.quarantined_pages(),
         Seconds(now - since), grace_text);
   }

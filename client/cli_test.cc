@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -437,6 +438,26 @@ TEST_F(CliTest, ExitCodesByFailureClass) {
   EXPECT_TRUE(absl::StrContains(r.err, "INVALID_GEOMETRY")) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "min_page_size_bytes: 4194304"))
       << r.err;
+}
+
+// Strings from the daemon (messages, metadata, names) and arguments echoed
+// back reach the terminal with control bytes escaped: an escape sequence
+// or a line break in a pool name once printed raw, so a name could retitle
+// the terminal or forge lines of output.
+TEST_F(CliTest, ControlBytesInWhatIsPrintedAreEscaped) {
+  const std::string name = "ab\x1b]0;forged\x07\n  allocated_blocks: 0";
+  Result r = Ctl({"capacity", name});
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\x07'), std::string::npos) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "ab\\x1b]0;forged\\x07\\n  allocated"))
+      << r.err;
+  // One line for the error, one for its metadata (`pool`).
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 2) << r.err;
+  // --json escapes them too, as JSON does.
+  r = Ctl({"capacity", name, "--json"});
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
+  EXPECT_EQ(ReasonOf(r.err), "POOL_NOT_FOUND");
 }
 
 TEST_F(CliTest, CapacityPagesAndWatch) {

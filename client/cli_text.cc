@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "client/kvbroker_client.h"
@@ -51,6 +52,26 @@ ExitCode ExitCodeFor(const absl::Status& status) {
     case absl::StatusCode::kPermissionDenied: return kExitAuth;
     default: return kExitOther;
   }
+}
+
+std::string Printable(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const unsigned char b = static_cast<unsigned char>(c);
+    if (b >= 0x20 && b < 0x7f) {
+      out.push_back(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else {
+      absl::StrAppendFormat(&out, "\\x%02x", b);
+    }
+  }
+  return out;
 }
 
 std::string StateName(v1::PageState state) {
@@ -168,7 +189,8 @@ std::string PageBarLegend() {
 }
 
 std::string HealthText(const v1::CapacitySnapshot& c) {
-  return c.healthy() ? "healthy" : absl::StrCat("FAILED: ", c.failure());
+  return c.healthy() ? "healthy"
+                     : absl::StrCat("FAILED: ", Printable(c.failure()));
 }
 
 std::string DevicesText(const v1::PoolSpec& spec) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
 
 namespace kvbroker {
@@ -32,6 +33,12 @@ enum ExitCode : int {
 // library's own errors) by its code.
 ExitCode ExitCodeFor(const absl::Status& status);
 
+// `text` safe to print on a terminal: printable ASCII as it is, every other
+// byte (control bytes such as ESC and line breaks, DEL, non-ASCII) escaped
+// as \n, \r, \t or \xNN, so a string from the daemon (a name, a message)
+// can neither send escape sequences nor forge lines of output.
+std::string Printable(absl::string_view text);
+
 // "FREE", "OPEN", ... (the PageState name without its prefix).
 std::string StateName(v1::PageState state);
 // "none", "applied 28MiB (2 pages, rev 1)", "DEFERRED to ... over by ...".
@@ -46,7 +53,7 @@ std::string PageCountsText(const v1::PageCounts& pages);
 std::string PageBar(const v1::PageCounts& pages, int width);
 // The glyph of each state in PageBar, in its colour.
 std::string PageBarLegend();
-// "healthy" or "FAILED: <why>".
+// "healthy" or "FAILED: <why>" (<why> Printable).
 std::string HealthText(const v1::CapacitySnapshot& capacity);
 // "0,1" (an empty device list means device 0).
 std::string DevicesText(const v1::PoolSpec& spec);

@@ -164,6 +164,20 @@ TEST(PageBarTest, LegendNamesEveryGlyphOfTheBar) {
                          Glyphs("\x1b[35m", 'x', 1), " reclaimed"));
 }
 
+// What kvbrokerctl and top print of the daemon's strings: printable ASCII
+// kept, everything else escaped.
+TEST(TextTest, PrintableEscapesControlBytesAndNonAscii) {
+  EXPECT_EQ(Printable("pool-1.a_B"), "pool-1.a_B");
+  EXPECT_EQ(Printable("no pool named \"x\" {a=b}"),
+            "no pool named \"x\" {a=b}");
+  EXPECT_EQ(Printable("a\x1b]0;t\x07\nb\r\tc"), "a\\x1b]0;t\\x07\\nb\\r\\tc");
+  EXPECT_EQ(Printable(std::string("\0\x7f\x9b\xc3\xa9", 5)),
+            "\\x00\\x7f\\x9b\\xc3\\xa9");
+  v1::CapacitySnapshot c;
+  c.set_failure("unmap\x1b[2J failed");
+  EXPECT_EQ(HealthText(c), "FAILED: unmap\\x1b[2J failed");
+}
+
 TEST(TextTest, Forms) {
   EXPECT_EQ(StateName(v1::PAGE_STATE_RECLAIMED), "RECLAIMED");
   v1::MemoryLimit limit;

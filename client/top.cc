@@ -102,14 +102,14 @@ class TopModel {
     dirty_ = false;
     std::vector<std::string> lines;
     lines.push_back(absl::StrCat(
-        "\x1b[1mkvbroker top\x1b[0m  ", client_->options().target, "  ",
-        pools_.size(), " pools  ",
+        "\x1b[1mkvbroker top\x1b[0m  ", Printable(client_->options().target),
+        "  ", pools_.size(), " pools  ",
         absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()),
         "    q quit  j/k scroll"));
-    lines.push_back(
-        server_error_.empty()
-            ? PageBarLegend()
-            : absl::StrCat("\x1b[31mserver: ", server_error_, "\x1b[0m"));
+    lines.push_back(server_error_.empty()
+                        ? PageBarLegend()
+                        : absl::StrCat("\x1b[31mserver: ",
+                                       Printable(server_error_), "\x1b[0m"));
     lines.push_back("");
     const int per_pool = 6;
     const int max_scroll =
@@ -158,6 +158,8 @@ class TopModel {
   };
 
   // `line` cut to `cols` visible characters (escape sequences don't count).
+  // Every string from the daemon in it went through Printable, so the only
+  // escape sequences are top's own colours.
   static std::string Clip(const std::string& line, int cols) {
     std::string out;
     int visible = 0;
@@ -182,21 +184,23 @@ class TopModel {
                          std::vector<std::string>* lines) {
     const v1::PoolSpec& spec = view.info.spec();
     const v1::CapacitySnapshot& c = view.snapshot;
-    std::string health =
-        c.healthy() ? "\x1b[32mhealthy\x1b[0m"
-                    : absl::StrCat("\x1b[31;1mFAILED\x1b[0m ", c.failure());
+    std::string health = c.healthy() ? "\x1b[32mhealthy\x1b[0m"
+                                     : absl::StrCat("\x1b[31;1mFAILED\x1b[0m ",
+                                                    Printable(c.failure()));
     if (!view.stream_error.empty()) {
-      absl::StrAppend(&health, "  \x1b[33m(stale: ", view.stream_error,
+      absl::StrAppend(&health,
+                      "  \x1b[33m(stale: ", Printable(view.stream_error),
                       ")\x1b[0m");
     }
     lines->push_back(absl::StrCat(
-        "\x1b[1m", name, "\x1b[0m  page ", FormatBytes(spec.page_size()),
-        "  block ", FormatBytes(spec.block_bytes()), "  ", spec.max_blocks(),
+        "\x1b[1m", Printable(name), "\x1b[0m  page ",
+        FormatBytes(spec.page_size()), "  block ",
+        FormatBytes(spec.block_bytes()), "  ", spec.max_blocks(),
         " block ids  ", view.info.page_count(), " pages  devices ",
         DevicesText(spec), "  gen ", c.generation(), "  ", health));
     const int bar_width = std::clamp(cols - 90, 10, 60);
-    lines->push_back(absl::StrCat("  pages   ", PageBar(c.pages(), bar_width), "  ",
-                                  PageCountsText(c.pages())));
+    lines->push_back(absl::StrCat("  pages   ", PageBar(c.pages(), bar_width),
+                                  "  ", PageCountsText(c.pages())));
     lines->push_back(absl::StrCat(
         "  blocks  available ", c.available_blocks(), "  allocated ",
         c.allocated_blocks(), "  reserved ", c.reserved_blocks(), "  total ",
@@ -209,8 +213,8 @@ class TopModel {
         "  memory  mapped ", FormatBytes(c.mapped_bytes()), "  virtual ",
         FormatBytes(c.virtual_bytes()), "  limit ", limit));
     if (!engines_error.empty()) {
-      lines->push_back(
-          absl::StrCat("  engines \x1b[33m", engines_error, "\x1b[0m"));
+      lines->push_back(absl::StrCat("  engines \x1b[33m",
+                                    Printable(engines_error), "\x1b[0m"));
     } else {
       std::string quarantined = absl::StrCat(engines.quarantined_pages);
       if (engines.quarantined_pages > 0) {
