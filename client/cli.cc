@@ -126,7 +126,7 @@ ABSL_FLAG(int64_t, max_pages, 0, "trim: unmap at most this many (0: all).");
 ABSL_FLAG(int64_t, count, 0,
           "watch: exit after this many snapshots (0: until interrupted).");
 ABSL_FLAG(absl::Duration, interval, absl::Seconds(2),
-          "top: how often to look for new pools.");
+          "top: how often to look for new pools (at least 100ms).");
 
 namespace kvbroker {
 namespace cli {
@@ -341,6 +341,13 @@ int CmdCreatePool(Context& ctx) {
     spec.add_devices(device);
   }
   spec.set_reserve_null_block(absl::GetFlag(FLAGS_reserve_null_block));
+  // -1 stands for "the daemon's default"; any other negative is a mistake.
+  if (absl::GetFlag(FLAGS_min_idle_pages) < -1) {
+    return Usage("--min_idle_pages: must be >= 0, or -1 for the default");
+  }
+  if (absl::GetFlag(FLAGS_max_idle_pages) < -1) {
+    return Usage("--max_idle_pages: must be >= 0, or -1 for the default");
+  }
   if (absl::GetFlag(FLAGS_min_idle_pages) >= 0) {
     spec.set_min_idle_pages(absl::GetFlag(FLAGS_min_idle_pages));
   }
@@ -429,6 +436,7 @@ int CmdFree(Context& ctx) {
       ids.push_back(*id);
     }
   }
+  if (ids.empty()) return Usage("free: no block id given");
   FreeOptions options;
   options.request_id = absl::GetFlag(FLAGS_request_id);
   options.pool_uid = absl::GetFlag(FLAGS_pool_uid);
@@ -496,6 +504,11 @@ int CmdLimit(Context& ctx) {
   if (revision < 0) {
     absl::StatusOr<v1::CapacitySnapshot> c = ctx.client->Capacity(ctx.args[0]);
     if (!c.ok()) return Fail(c.status(), ctx.json);
+    if (c->limit().revision() == std::numeric_limits<int64_t>::max()) {
+      return Usage(
+          "the pool's limit revision is the largest there is; give "
+          "--revision");
+    }
     revision = std::max<int64_t>(c->limit().revision(), -1) + 1;
   }
   absl::StatusOr<v1::SetMemoryLimitResponse> r =
@@ -535,6 +548,7 @@ int CmdWatch(Context& ctx) {
   absl::StatusOr<int64_t> pages = PagesFlag();
   if (!pages.ok()) return Usage(pages.status().message());
   const int64_t count = absl::GetFlag(FLAGS_count);
+  if (count < 0) return Usage("--count: must be >= 0 (0: until interrupted)");
   std::unique_ptr<CapacityWatch> watch =
       ctx.client->WatchCapacity(ctx.args[0], *pages);
   // A helper thread turns a signal into Cancel(); it polls the flag so that
@@ -639,6 +653,11 @@ int CmdSessions(Context& ctx) {
 }
 
 int CmdTop(Context& ctx) {
+  // A zero or negative interval would ask the daemon for its pools in a
+  // busy loop.
+  if (absl::GetFlag(FLAGS_interval) < absl::Milliseconds(100)) {
+    return Usage("--interval: must be at least 100ms");
+  }
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   signal(SIGHUP, OnSignal);

@@ -22,6 +22,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -458,6 +459,52 @@ TEST_F(CliTest, ControlBytesInWhatIsPrintedAreEscaped) {
   r = Ctl({"capacity", name, "--json"});
   EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
   EXPECT_EQ(ReasonOf(r.err), "POOL_NOT_FOUND");
+}
+
+// Arguments past their bounds are usage errors (exit 2, nothing sent),
+// never silently turned into something else.
+TEST_F(CliTest, ArgumentsPastTheirBoundsAreUsageErrors) {
+  ASSERT_EQ(Ctl({"create-pool", "bounds", "--page_size=2MiB",
+                 "--block_bytes=1MiB", "--max_blocks=4"})
+                .rc,
+            0);
+  struct Row {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  const Row rows[] = {
+      // A zero or negative interval polled the daemon in a busy loop.
+      {{"top", "--interval=0"}, "--interval"},
+      {{"top", "--interval=-1s"}, "--interval"},
+      // A negative count watched forever.
+      {{"watch", "bounds", "--count=-1"}, "--count"},
+      // -1 means "the daemon's default"; other negatives were taken as it.
+      {{"create-pool", "neg", "--page_size=2MiB", "--block_bytes=1MiB",
+        "--max_blocks=4", "--min_idle_pages=-5"},
+       "--min_idle_pages"},
+      {{"create-pool", "neg", "--page_size=2MiB", "--block_bytes=1MiB",
+        "--max_blocks=4", "--max_idle_pages=-2"},
+       "--max_idle_pages"},
+      // No block id at all: an empty Free was sent and "freed 0 blocks".
+      {{"free", "bounds", ","}, "block id"},
+      {{"free", "bounds", ""}, "block id"},
+  };
+  for (const Row& row : rows) {
+    Result r = Ctl(row.args);
+    EXPECT_EQ(r.rc, 2) << absl::StrJoin(row.args, " ") << ": " << r.out
+                       << r.err;
+    EXPECT_TRUE(absl::StrContains(r.err, row.says))
+        << absl::StrJoin(row.args, " ") << ": " << r.err;
+  }
+  EXPECT_EQ(Ctl({"capacity", "neg"}).rc, 3);
+  // `limit` without --revision takes the pool's revision + 1, which does
+  // not exist past the largest int64 (it wrapped to a negative revision).
+  ASSERT_EQ(
+      Ctl({"limit", "bounds", "4MiB", "--revision=9223372036854775807"}).rc, 0);
+  Result r = Ctl({"limit", "bounds", "2MiB"});
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "--revision")) << r.err;
+  ASSERT_EQ(Ctl({"delete-pool", "bounds"}).rc, 0);
 }
 
 TEST_F(CliTest, CapacityPagesAndWatch) {
