@@ -51,8 +51,8 @@ class KvBrokerError(Exception):
         (``requested_blocks``, ``available_blocks``, ``pool``, ...).
       field_violations: ``BadRequest`` entries (INVALID_ARGUMENT,
         INVALID_GEOMETRY).
-      retry_delay: ``RetryInfo.retry_delay`` in seconds, when the server
-        suggested one.
+      retry_delay: ``RetryInfo.retry_delay`` in seconds (a negative one
+        counts as 0), when the server suggested one.
       details: the whole ``google.rpc.Status``, or None when none was sent.
       attempts: how many times the client sent the call (retries included).
     """
@@ -222,10 +222,25 @@ def _status_details(error: grpc.RpcError) -> Optional[status_pb2.Status]:
             status = status_pb2.Status()
             try:
                 status.ParseFromString(value)
-            except DecodeError:  # a corrupt trailer: treat as untyped
-                return None
+            except (DecodeError, TypeError, ValueError):
+                return None  # a corrupt trailer: treat as untyped
             return status
     return None
+
+
+def _unpack(any_msg, message) -> bool:
+    """Whether ``any_msg`` holds ``message``'s type and parses into it; a
+    detail that does not parse is skipped like an unknown one."""
+    try:
+        return any_msg.Is(message.DESCRIPTOR) and any_msg.Unpack(message)
+    except (DecodeError, ValueError):
+        return False
+
+
+def _seconds(duration) -> float:
+    """A google.protobuf.Duration as seconds, never negative. Computed as a
+    float: ``ToTimedelta`` overflows past 999,999,999 days."""
+    return max(0.0, duration.seconds + duration.nanos / 1e9)
 
 
 def from_rpc_error(error: grpc.RpcError, attempts: int = 1) -> KvBrokerError:
@@ -244,15 +259,15 @@ def from_rpc_error(error: grpc.RpcError, attempts: int = 1) -> KvBrokerError:
             info = error_details_pb2.ErrorInfo()
             bad = error_details_pb2.BadRequest()
             retry = error_details_pb2.RetryInfo()
-            if (reason is None and any_msg.Is(info.DESCRIPTOR) and
-                    any_msg.Unpack(info) and info.domain == ERROR_DOMAIN):
+            if (reason is None and _unpack(any_msg, info) and
+                    info.domain == ERROR_DOMAIN):
                 reason = info.reason
                 metadata = dict(info.metadata)
-            elif any_msg.Is(bad.DESCRIPTOR) and any_msg.Unpack(bad):
+            elif _unpack(any_msg, bad):
                 violations = [FieldViolation(v.field, v.description)
                               for v in bad.field_violations]
-            elif any_msg.Is(retry.DESCRIPTOR) and any_msg.Unpack(retry):
-                retry_delay = retry.retry_delay.ToTimedelta().total_seconds()
+            elif _unpack(any_msg, retry):
+                retry_delay = _seconds(retry.retry_delay)
     if reason is None:
         cls: Type[KvBrokerError] = TransportError
     else:

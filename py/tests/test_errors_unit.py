@@ -109,6 +109,43 @@ def test_untyped_and_unknown_failures():
     assert type(corrupt) is kvbroker.TransportError
 
 
+def test_odd_status_details_still_raise_a_typed_error():
+    # A daemon's (or a proxy's) odd details once escaped from_rpc_error as
+    # OverflowError, DecodeError or TypeError, and the call raised that
+    # instead of a KvBrokerError.
+    unavailable = grpc.StatusCode.UNAVAILABLE
+    huge = error_details_pb2.RetryInfo()
+    huge.retry_delay.seconds = 2 ** 62
+    e = errors.from_rpc_error(rich_error("MAPPING_FAILED", unavailable,
+                                         extra=(huge,)))
+    assert type(e) is kvbroker.MappingFailed
+    assert e.retry_delay == float(2 ** 62)
+    negative = error_details_pb2.RetryInfo()
+    negative.retry_delay.seconds = -5
+    e = errors.from_rpc_error(rich_error("MAPPING_FAILED", unavailable,
+                                         extra=(negative,)))
+    assert e.retry_delay == 0.0
+    # An ErrorInfo that does not parse (cut short, or a reason that is not
+    # UTF-8) is skipped like any detail this client cannot read.
+    for value in (b"\x0a\x50abc",
+                  error_details_pb2.ErrorInfo(
+                      domain="kvbroker", reason="POOL_EXHAUSTED")
+                  .SerializeToString().replace(b"POOL", b"\xff\xfeOL")):
+        cut = any_pb2.Any(type_url="type.googleapis.com/google.rpc.ErrorInfo",
+                          value=value)
+        info = error_details_pb2.ErrorInfo(domain="kvbroker",
+                                           reason="POOL_FAILED")
+        status = status_pb2.Status(code=9, details=[cut] + packed(info))
+        e = errors.from_rpc_error(FakeCallError(
+            grpc.StatusCode.FAILED_PRECONDITION, "x",
+            (("grpc-status-details-bin", status.SerializeToString()),)))
+        assert type(e) is kvbroker.PoolFailed
+    # A details trailer that is not bytes.
+    e = errors.from_rpc_error(FakeCallError(
+        unavailable, "x", (("grpc-status-details-bin", "text"),)))
+    assert type(e) is kvbroker.TransportError
+
+
 def test_what_is_retried():
     unavailable = grpc.StatusCode.UNAVAILABLE
     assert is_retryable(errors.from_rpc_error(FakeCallError(unavailable, "")))
