@@ -50,8 +50,11 @@ class RetryPolicy:
     def backoff(self, attempt: int, failure: KvBrokerError,
                 rng: random.Random = random) -> float:
         """Seconds to wait after failed attempt ``attempt`` (>= 1)."""
-        wait = min(self.initial_backoff * self.multiplier ** (attempt - 1),
-                   self.max_backoff)
+        try:
+            grown = self.initial_backoff * self.multiplier ** (attempt - 1)
+        except OverflowError:  # past the largest float: capped below
+            grown = float("inf")
+        wait = min(grown, self.max_backoff)
         if self.jitter > 0:
             wait *= rng.uniform(1 - self.jitter, 1 + self.jitter)
         if failure.retry_delay is not None:

@@ -180,6 +180,16 @@ def test_backoff_grows_caps_and_honours_retry_info():
         RetryPolicy(max_attempts=0)
 
 
+def test_backoff_of_a_late_attempt_does_not_overflow():
+    # multiplier ** (attempt - 1) passed the largest float after about a
+    # thousand attempts and raised OverflowError out of the call.
+    policy = RetryPolicy(max_attempts=10 ** 6, max_backoff=2.0, jitter=0)
+    plain = errors.from_rpc_error(
+        FakeCallError(grpc.StatusCode.UNAVAILABLE, ""))
+    assert policy.backoff(1100, plain) == 2.0
+    assert policy.backoff(10 ** 6, plain) == 2.0
+
+
 def test_importing_the_package_needs_no_grpc():
     # kvbroker.engine (local attach) must load without grpcio.
     code = ("import sys, kvbroker; assert 'grpc' not in sys.modules; "
