@@ -8,6 +8,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 
@@ -159,6 +160,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     tls_options[1] = {MHD_OPTION_HTTPS_MEM_CERT, 0,
                       const_cast<char*>(server->options_.tls_cert_pem.c_str())};
   }
+  if (server->options_.max_connections < 1 ||
+      server->options_.idle_timeout < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        "HTTP needs max_connections >= 1 and an idle timeout of at least 1s");
+  }
+  const auto idle_seconds = static_cast<unsigned int>(std::min<int64_t>(
+      absl::ToInt64Seconds(server->options_.idle_timeout), 86400));
   std::string start_errors;
   server->log_sink_ = &start_errors;
   server->daemon_ = MHD_start_daemon(
@@ -166,7 +174,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
       &HttpServerCallbacks::Handle, server.get(), MHD_OPTION_EXTERNAL_LOGGER,
       &Log, &server->log_sink_, MHD_OPTION_SOCK_ADDR,
       reinterpret_cast<const sockaddr*>(&addr), MHD_OPTION_NOTIFY_COMPLETED,
-      &Completed, nullptr, MHD_OPTION_ARRAY, tls_options, MHD_OPTION_END);
+      &Completed, nullptr, MHD_OPTION_CONNECTION_TIMEOUT, idle_seconds,
+      MHD_OPTION_CONNECTION_LIMIT,
+      static_cast<unsigned int>(server->options_.max_connections),
+      MHD_OPTION_ARRAY, tls_options, MHD_OPTION_END);
   server->log_sink_ = nullptr;
   if (server->daemon_ == nullptr) {
     std::string why(absl::StripTrailingAsciiWhitespace(start_errors));

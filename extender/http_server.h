@@ -6,7 +6,10 @@
 // Kubernetes API server on it. Every connection gets its own thread, so a
 // handler may block (the filter waits for its brokers) without holding up
 // other callers. Request bodies are capped (kMaxBodyBytes); a larger body is
-// answered 413 without calling the handler.
+// answered 413 without calling the handler. Connections are bounded
+// (HttpServerOptions::max_connections), and one that sends nothing for
+// idle_timeout is closed, so clients that open connections and stall cannot
+// hold the threads and the connection slots for good.
 //
 // HTTPS: given a certificate and key (HttpServerOptions), the listener speaks
 // TLS only (GnuTLS, through libmicrohttpd) and a plaintext request gets no
@@ -23,6 +26,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 struct MHD_Daemon;
 
@@ -53,6 +57,13 @@ struct HttpServerOptions {
   // its chain after it.
   std::string tls_cert_pem;
   std::string tls_key_pem;
+  // A connection that sends nothing for this long (whole seconds, at least
+  // one) is closed: a request cut short, or an idle keep-alive. A handler
+  // that takes longer still answers.
+  absl::Duration idle_timeout = absl::Seconds(60);
+  // Connections served at once (each has its own thread); more wait in the
+  // listen queue until one closes.
+  int max_connections = 256;
 };
 
 class HttpServer {
@@ -67,8 +78,9 @@ class HttpServer {
   // "0.0.0.0" as host (port 0 picks a free one). `handler` is called from the
   // connection threads, possibly concurrently.
   // Errors: INVALID_ARGUMENT for a malformed address, for only one of
-  // certificate and key, or for a certificate or key that TLS refuses (the
-  // library's reason in the message); UNAVAILABLE when the port cannot be
+  // certificate and key, for a certificate or key that TLS refuses (the
+  // library's reason in the message), or for max_connections < 1 or an
+  // idle_timeout under a second; UNAVAILABLE when the port cannot be
   // bound.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       const std::string& listen, Handler handler,

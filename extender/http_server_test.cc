@@ -6,13 +6,21 @@
 #include "extender/http_server.h"
 
 #include <curl/curl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -147,6 +155,97 @@ TEST(HttpServer, AnUnparsableCertificateOrKeyIsRefusedWithTheReason) {
       << server.status();
   EXPECT_THAT(std::string(server.status().message()),
               HasSubstr("The certificate and the given key do not match."));
+}
+
+// A loopback connection to `port` that has sent `bytes`; -1 if it failed.
+int ConnectAndSend(int port, const std::string& bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(bytes.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Reads from `fd` until the server closes it; false when `limit` passes
+// first.
+bool ClosedWithin(int fd, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  char buf[4096];
+  for (;;) {
+    const int left_ms =
+        static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (left_ms <= 0) return false;
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, left_ms) <= 0) return false;
+    if (read(fd, buf, sizeof(buf)) <= 0) return true;
+  }
+}
+
+TEST(HttpServer, AClientThatStopsSendingIsClosedAtTheIdleTimeout) {
+  HttpServerOptions options;
+  options.idle_timeout = absl::Seconds(1);
+  auto server = HttpServer::Start("127.0.0.1:0", &Echo, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // Half a request: headers without their end, and a body cut short.
+  const int headers = ConnectAndSend((*server)->port(), "POST /x HTTP/1.1\r\n");
+  const int body = ConnectAndSend(
+      (*server)->port(),
+      "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc");
+  ASSERT_GE(headers, 0);
+  ASSERT_GE(body, 0);
+  EXPECT_TRUE(ClosedWithin(headers, absl::Seconds(10)));
+  EXPECT_TRUE(ClosedWithin(body, absl::Seconds(10)));
+  close(headers);
+  close(body);
+}
+
+TEST(HttpServer, AHandlerSlowerThanTheIdleTimeoutStillAnswers) {
+  HttpServerOptions options;
+  options.idle_timeout = absl::Seconds(1);
+  auto server = HttpServer::Start(
+      "127.0.0.1:0",
+      [](const HttpRequest& r) {
+        absl::SleepFor(absl::Milliseconds(2500));
+        return Echo(r);
+      },
+      options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  Reply r = Post(absl::StrCat("http://127.0.0.1:", (*server)->port(), "/slow"),
+                 "late");
+  EXPECT_EQ(r.result, CURLE_OK) << curl_easy_strerror(r.result);
+  EXPECT_EQ(r.body, "POST /slow late");
+}
+
+TEST(HttpServer, ConnectionsPastTheLimitWaitUntilOneCloses) {
+  HttpServerOptions options;
+  options.max_connections = 2;
+  auto server = HttpServer::Start("127.0.0.1:0", &Echo, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int a = ConnectAndSend((*server)->port(), "POST /x HTTP/1.1\r\n");
+  const int b = ConnectAndSend((*server)->port(), "POST /x HTTP/1.1\r\n");
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  absl::SleepFor(absl::Milliseconds(200));  // both accepted
+  absl::Notification answered;
+  Reply third;
+  std::thread client([&] {
+    third = Post(absl::StrCat("http://127.0.0.1:", (*server)->port(), "/x"),
+                 "third");
+    answered.Notify();
+  });
+  EXPECT_FALSE(
+      answered.WaitForNotificationWithTimeout(absl::Milliseconds(500)));
+  close(a);
+  client.join();
+  EXPECT_EQ(third.body, "POST /x third");
+  close(b);
 }
 
 }  // namespace
