@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -94,6 +95,20 @@ class DepthGuard : public json::json_sax_t {
   int depth_ = 0;
   bool too_deep_ = false;
 };
+
+// `args` when no node is named twice (each name costs a broker call, and
+// the verdicts are keyed by name).
+absl::StatusOr<ExtenderArgs> NamedOnce(ExtenderArgs args) {
+  absl::flat_hash_set<absl::string_view> seen;
+  seen.reserve(args.node_names.size());
+  for (const std::string& name : args.node_names) {
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ExtenderArgs: node ", name.substr(0, 253), " is named twice"));
+    }
+  }
+  return args;
+}
 
 }  // namespace
 
@@ -232,7 +247,7 @@ absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body) {
       }
       args.node_names.push_back(n.get<std::string>());
     }
-    return args;
+    return NamedOnce(std::move(args));
   }
   if (nodes == nullptr || nodes->is_null()) {
     return absl::InvalidArgumentError("ExtenderArgs: give Nodes or NodeNames");
@@ -258,7 +273,7 @@ absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body) {
     args.node_names.push_back(name);
     args.nodes.push_back(node);
   }
-  return args;
+  return NamedOnce(std::move(args));
 }
 
 std::string EncodeFilterResult(const ExtenderArgs& args,

@@ -117,7 +117,8 @@ struct ExtenderArgs {
 
 // INVALID_ARGUMENT for a body that is not JSON, has no Pod object, has
 // neither Nodes nor NodeNames, or has a node without metadata.name or a
-// non-string name, or more than kMaxNodes candidates.
+// non-string name, names a node twice, or has more than kMaxNodes
+// candidates.
 inline constexpr size_t kMaxNodes = 100000;
 absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body);
 

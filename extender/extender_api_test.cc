@@ -97,6 +97,22 @@ TEST(ParseExtenderArgs, RefusesMalformedBodies) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ParseExtenderArgs, RefusesANodeNamedTwice) {
+  // Each name is one broker call: 100,000 copies of one name were 100,000
+  // Capacity calls on one broker.
+  EXPECT_EQ(ParseExtenderArgs(
+                R"({"Pod": {}, "NodeNames": ["node-a", "node-b", "node-a"]})")
+                .status()
+                .message(),
+            "ExtenderArgs: node node-a is named twice");
+  EXPECT_EQ(ParseExtenderArgs(R"({"Pod": {}, "Nodes": {"items": [
+                {"metadata": {"name": "node-b"}},
+                {"metadata": {"name": "node-b"}}]}})")
+                .status()
+                .message(),
+            "ExtenderArgs: node node-b is named twice");
+}
+
 std::map<std::string, std::string> A(
     std::initializer_list<std::pair<const std::string, std::string>> l) {
   return l;
