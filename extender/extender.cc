@@ -316,12 +316,12 @@ std::vector<NodeCheck> Extender::CheckAll(const std::vector<std::string>& nodes,
 HttpResponse Extender::Filter(const std::string& body) {
   absl::StatusOr<ScheduleCall> call = ParseScheduleCall(body);
   if (!call.ok()) return BadRequest(call.status());
-  const ExtenderArgs& args = call->args;
+  ExtenderArgs& args = call->args;
   FilterVerdict verdict;
   if (!call->request.has_value()) {
     for (size_t i = 0; i < args.node_names.size(); ++i)
       verdict.kept.push_back(i);
-    return Json(200, EncodeFilterResult(args, verdict));
+    return Json(200, EncodeFilterResult(std::move(args), verdict));
   }
   const std::vector<NodeCheck> checks =
       CheckAll(args.node_names, *call->request);
@@ -335,7 +335,7 @@ HttpResponse Extender::Filter(const std::string& body) {
       verdict.failed[args.node_names[i]] = checks[i].reason;
     }
   }
-  return Json(200, EncodeFilterResult(args, verdict));
+  return Json(200, EncodeFilterResult(std::move(args), verdict));
 }
 
 HttpResponse Extender::Prioritize(const std::string& body) {

@@ -59,19 +59,23 @@ std::string StringField(const json& obj, absl::string_view name) {
   return v != nullptr && v->is_string() ? v->get<std::string>() : "";
 }
 
-// Counts nesting on the parser's event stream (iterative, no document) and
-// stops the parse at the first level past kMaxJsonDepth.
-class DepthGuard : public json::json_sax_t {
+// Counts nesting and values on the parser's event stream (iterative, no
+// document) and stops the parse at the first level past kMaxJsonDepth or
+// the first value past kMaxJsonValues.
+class SizeGuard : public json::json_sax_t {
  public:
   bool too_deep() const { return too_deep_; }
+  bool too_many() const { return too_many_; }
 
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override {
+    return Value();
+  }
+  bool string(string_t&) override { return Value(); }
+  bool binary(binary_t&) override { return Value(); }
   bool start_object(std::size_t) override { return Enter(); }
   bool key(string_t&) override { return true; }
   bool end_object() override { return Leave(); }
@@ -83,9 +87,13 @@ class DepthGuard : public json::json_sax_t {
   }
 
  private:
+  bool Value() {
+    too_many_ = ++values_ > kMaxJsonValues;
+    return !too_many_;
+  }
   bool Enter() {
     too_deep_ = ++depth_ > kMaxJsonDepth;
-    return !too_deep_;
+    return !too_deep_ && Value();
   }
   bool Leave() {
     --depth_;
@@ -93,7 +101,9 @@ class DepthGuard : public json::json_sax_t {
   }
 
   int depth_ = 0;
+  size_t values_ = 0;
   bool too_deep_ = false;
+  bool too_many_ = false;
 };
 
 // `args` when no node is named twice (each name costs a broker call, and
@@ -113,13 +123,15 @@ absl::StatusOr<ExtenderArgs> NamedOnce(ExtenderArgs args) {
 }  // namespace
 
 absl::StatusOr<json> ParseJson(absl::string_view text, absl::string_view what) {
-  DepthGuard guard;
+  SizeGuard guard;
   if (!json::sax_parse(text.begin(), text.end(), &guard,
                        json::input_format_t::json, /*strict=*/true)) {
     return absl::InvalidArgumentError(
-        guard.too_deep() ? absl::StrCat(what, ": the body nests deeper than ",
-                                        kMaxJsonDepth, " levels")
-                         : absl::StrCat(what, ": the body is not JSON"));
+        guard.too_deep()   ? absl::StrCat(what, ": the body nests deeper than ",
+                                          kMaxJsonDepth, " levels")
+        : guard.too_many() ? absl::StrCat(what, ": the body holds more than ",
+                                          kMaxJsonValues, " JSON values")
+                           : absl::StrCat(what, ": the body is not JSON"));
   }
   json doc = json::parse(text.begin(), text.end(), nullptr,
                          /*allow_exceptions=*/false);
@@ -217,17 +229,18 @@ absl::StatusOr<PodView> ParsePod(const json& pod) {
 absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body) {
   absl::StatusOr<json> parsed = ParseJson(body, "ExtenderArgs");
   if (!parsed.ok()) return parsed.status();
-  const json& doc = *parsed;
+  json& doc = *parsed;
   if (!doc.is_object()) {
     return absl::InvalidArgumentError(
         "ExtenderArgs: the body is not a JSON object");
   }
   ExtenderArgs args;
-  const json* pod = FindField(doc, "Pod");
+  // The pod and the nodes are moved out of `doc` (ours), not copied.
+  json* pod = const_cast<json*>(FindField(doc, "Pod"));
   if (pod == nullptr || !pod->is_object()) {
     return absl::InvalidArgumentError("ExtenderArgs: Pod is missing");
   }
-  args.pod = *pod;
+  args.pod = std::move(*pod);
   const json* names = FindField(doc, "NodeNames");
   const json* nodes = FindField(doc, "Nodes");
   if (names != nullptr && !names->is_null()) {
@@ -262,7 +275,7 @@ absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body) {
     return absl::InvalidArgumentError(
         absl::StrCat("ExtenderArgs: more than ", kMaxNodes, " nodes"));
   }
-  for (const json& node : *items) {
+  for (json& node : const_cast<json&>(*items)) {
     const json* metadata = FindField(node, "metadata");
     const std::string name =
         metadata != nullptr ? StringField(*metadata, "name") : "";
@@ -271,12 +284,12 @@ absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body) {
           "ExtenderArgs: every node needs metadata.name");
     }
     args.node_names.push_back(name);
-    args.nodes.push_back(node);
+    args.nodes.push_back(std::move(node));
   }
   return NamedOnce(std::move(args));
 }
 
-std::string EncodeFilterResult(const ExtenderArgs& args,
+std::string EncodeFilterResult(ExtenderArgs args,
                                const FilterVerdict& verdict) {
   json out = json::object();
   if (args.node_names_mode) {
@@ -285,7 +298,7 @@ std::string EncodeFilterResult(const ExtenderArgs& args,
     out["NodeNames"] = std::move(names);
   } else {
     json items = json::array();
-    for (size_t i : verdict.kept) items.push_back(args.nodes[i]);
+    for (size_t i : verdict.kept) items.push_back(std::move(args.nodes[i]));
     out["Nodes"] = {{"metadata", json::object()}, {"items", std::move(items)}};
   }
   out["FailedNodes"] = verdict.failed;

@@ -134,9 +134,9 @@ struct FilterVerdict {
   std::string error;
 };
 
-// ExtenderFilterResult in the mode the arguments came in.
-std::string EncodeFilterResult(const ExtenderArgs& args,
-                               const FilterVerdict& verdict);
+// ExtenderFilterResult in the mode the arguments came in (the kept Node
+// objects are moved out of `args`).
+std::string EncodeFilterResult(ExtenderArgs args, const FilterVerdict& verdict);
 
 // HostPriorityList, in the given order.
 std::string EncodeHostPriorityList(
@@ -163,6 +163,12 @@ std::string EncodeError(const std::string& message);
 // builds, copies and frees documents recursively, so a body of a few
 // megabytes of '[' would otherwise exhaust the stack.
 inline constexpr int kMaxJsonDepth = 128;
+// Nor more values (scalars, arrays and objects) than this: the document
+// costs up to about 180 bytes a value, several times its text, so 16 MiB
+// of "{"a":0}," would otherwise build about 400 MB. A NodeNames body of
+// 100,000 names holds about as many values; a full NodeList about 500 a
+// node.
+inline constexpr size_t kMaxJsonValues = 500000;
 
 // The parsed document. INVALID_ARGUMENT ("`what`: ...") when `text` is not
 // JSON or nests deeper than kMaxJsonDepth.

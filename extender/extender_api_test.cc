@@ -134,6 +134,25 @@ TEST(ParseJson, RefusesDeepNestingWithoutBuildingIt) {
             "x: the body is not JSON");
 }
 
+TEST(ParseJson, RefusesMoreValuesThanTheBoundWithoutBuildingThem) {
+  // 64 MiB of {"a":0} built about 1.5 GB of document (and the Pod's copy
+  // as much again): far past the Deployment's 256 MiB.
+  std::string many = "[";
+  for (size_t i = 0; i < kMaxJsonValues; ++i) many += "0,";
+  many += "0]";  // the array and its kMaxJsonValues + 1 elements
+  const std::string body =
+      R"({"Pod": {"metadata": {}, "x": )" + many + R"(}, "NodeNames": ["a"]})";
+  EXPECT_EQ(ParseExtenderArgs(body).status().message(),
+            "ExtenderArgs: the body holds more than 500000 JSON values");
+  EXPECT_EQ(ParseJson(many, "x").status().message(),
+            "x: the body holds more than 500000 JSON values");
+  // At the bound it parses: the array and kMaxJsonValues - 1 elements.
+  std::string at = "[";
+  for (size_t i = 0; i + 2 < kMaxJsonValues; ++i) at += "0,";
+  at += "0]";
+  EXPECT_TRUE(ParseJson(at, "x").ok());
+}
+
 TEST(ParseKvRequest, ReadsBlocksOrTokens) {
   absl::StatusOr<std::optional<KvRequest>> r =
       ParseKvRequest(A({{"kvbroker.io/pool", "demo"},

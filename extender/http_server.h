@@ -70,9 +70,11 @@ class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
-  // Bodies above this are refused with 413 (a NodeList of a few thousand
-  // nodes fits easily).
-  static constexpr size_t kMaxBodyBytes = 64 << 20;
+  // Bodies above this are refused with 413 (100,000 NodeNames take about
+  // 3 MB, a full NodeList of a thousand nodes fits). With the bound on
+  // values (extender_api.h) a request's document stays well under the
+  // extender's memory limit.
+  static constexpr size_t kMaxBodyBytes = 16 << 20;
 
   // Listens on `listen`, "host:port" with an IPv4 literal or "localhost" or
   // "0.0.0.0" as host (port 0 picks a free one). `handler` is called from the
