@@ -437,12 +437,14 @@ HttpResponse Extender::Bind(const std::string& body) {
     outcome(bound.ok() ? "bound" : "binding_failed");
     return Json(200, EncodeBindingResult(std::string(bound.message())));
   }
-  return Json(200, EncodeBindingResult(
-                       BindKvPod(*args, **request, ReleasedBinds(*pod))));
+  return Json(
+      200, EncodeBindingResult(BindKvPod(*args, **request, ReleasedBinds(*pod),
+                                         pod->resource_version)));
 }
 
 std::string Extender::BindKvPod(const BindingArgs& args,
-                                const KvRequest& request, int released_binds) {
+                                const KvRequest& request, int released_binds,
+                                const std::string& resource_version) {
   auto outcome = [&](const std::string& name) {
     binds_.Add({{"outcome", name}}).Increment();
   };
@@ -497,8 +499,12 @@ std::string Extender::BindKvPod(const BindingArgs& args,
       {kReservationExpiryAnnotation, expiry}};
   if (!pool_uid.empty()) annotations[kPoolUidAnnotation] = pool_uid;
 
+  // Releases the reservation after a failed patch or Binding. With
+  // `clear_annotations`, removes what the patch wrote, but only while the pod
+  // is still at `version` (the patch's result): a pod changed since may
+  // carry another bind's reservation by now.
   auto undo = [&](const std::string& failed, const absl::Status& why,
-                  bool clear_annotations) {
+                  bool clear_annotations, const std::string& version) {
     absl::Status released =
         client
             .ReleaseReservation(request.pool, reservation->reservation_id(),
@@ -509,13 +515,20 @@ std::string Extender::BindKvPod(const BindingArgs& args,
     // released reservation: count it on the pod (and here, in case the
     // API refuses this patch too).
     NoteReleased(args.pod_uid, released_binds + 1);
-    std::map<std::string, std::optional<std::string>> undo_patch = {
+    const std::map<std::string, std::optional<std::string>> count = {
         {kReleasedBindsAnnotation, absl::StrCat(released_binds + 1)}};
+    std::map<std::string, std::optional<std::string>> undo_patch = count;
     if (clear_annotations) {
       for (const auto& [k, v] : annotations) undo_patch[k] = std::nullopt;
     }
-    (void)kube_->PatchPodAnnotations(args.pod_namespace, args.pod_name,
-                                     undo_patch);
+    absl::StatusOr<nlohmann::json> undone = kube_->PatchPodAnnotations(
+        args.pod_namespace, args.pod_name, undo_patch,
+        clear_annotations ? version : "");
+    if (clear_annotations &&
+        undone.status().code() == absl::StatusCode::kAlreadyExists) {
+      (void)kube_->PatchPodAnnotations(args.pod_namespace, args.pod_name,
+                                       count);
+    }
     outcome(failed);
     return absl::StrCat(failed, ": ", why.message(),
                         released.ok()
@@ -524,20 +537,47 @@ std::string Extender::BindKvPod(const BindingArgs& args,
                                            "failed too (it expires at ",
                                            expiry, "): ", released.message()));
   };
-  absl::Status patched = kube_->PatchPodAnnotations(args.pod_namespace,
-                                                    args.pod_name, annotations);
-  if (!patched.ok()) return undo("patch_failed", patched, false);
-  absl::Status bound = kube_->CreateBinding(args.pod_namespace, args.pod_name,
-                                            args.pod_uid, args.node);
-  if (bound.code() == absl::StatusCode::kAlreadyExists) {
-    // A retry whose first attempt did bind: success iff bound here.
+  // Both steps are conditional on the pod's version: another bind of the
+  // same pod (another replica, a retry) that changed it in between makes
+  // ours fail and release, rather than overwrite its reservation.
+  absl::StatusOr<nlohmann::json> patched = kube_->PatchPodAnnotations(
+      args.pod_namespace, args.pod_name, annotations, resource_version);
+  if (!patched.ok()) return undo("patch_failed", patched.status(), false, "");
+  absl::StatusOr<PodView> patched_view = ParsePod(*patched);
+  std::string version =
+      patched_view.ok() ? patched_view->resource_version : std::string();
+  absl::Status bound;
+  for (int attempt = 0;; ++attempt) {
+    bound = kube_->CreateBinding(args.pod_namespace, args.pod_name,
+                                 args.pod_uid, args.node, version);
+    if (bound.code() != absl::StatusCode::kAlreadyExists) break;
+    // 409: the pod is bound already, or changed since the patch.
     absl::StatusOr<nlohmann::json> again =
         kube_->GetPod(args.pod_namespace, args.pod_name);
     absl::StatusOr<PodView> view =
         again.ok() ? ParsePod(*again) : absl::StatusOr<PodView>(again.status());
-    if (view.ok() && view->node_name == args.node) bound = absl::OkStatus();
+    if (!view.ok()) break;
+    auto on_pod = view->annotations.find(kReservationAnnotation);
+    const bool ours = on_pod != view->annotations.end() &&
+                      on_pod->second == reservation->reservation_id();
+    if (view->node_name == args.node) {
+      // Bound here by another attempt (a retry whose first did bind).
+      if (ours) {
+        bound = absl::OkStatus();
+        break;
+      }
+      // Bound here with another attempt's reservation: ours is spare.
+      (void)client.ReleaseReservation(request.pool,
+                                      reservation->reservation_id(), call());
+      outcome("already_bound");
+      return "";
+    }
+    // Bound elsewhere, our reservation replaced by another bind's, or
+    // changed again and again: give up (the scheduler retries).
+    if (!view->node_name.empty() || !ours || attempt == 2) break;
+    version = view->resource_version;  // changed otherwise: bind again
   }
-  if (!bound.ok()) return undo("binding_failed", bound, true);
+  if (!bound.ok()) return undo("binding_failed", bound, true, version);
   outcome(reservation->replayed() ? "bound_replayed" : "bound");
   return "";
 }

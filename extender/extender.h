@@ -149,11 +149,12 @@ class Extender {
   int ReleasedBinds(const PodView& pod) ABSL_LOCKS_EXCLUDED(mu_);
   void NoteReleased(const std::string& uid, int released_binds)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Bind's steps after the pod was read; returns the protocol error ("" =
-  // bound). Reserve's request id is the pod's UID, "<uid>/<n>" after n
-  // released binds.
+  // Bind's steps after the pod was read (at `resource_version`); returns
+  // the protocol error ("" = bound). Reserve's request id is the pod's UID,
+  // "<uid>/<n>" after n released binds.
   std::string BindKvPod(const BindingArgs& args, const KvRequest& request,
-                        int released_binds);
+                        int released_binds,
+                        const std::string& resource_version);
   void Count(const std::string& verb, int code);
 
   BrokerDirectory* const directory_;

@@ -206,6 +206,7 @@ absl::StatusOr<PodView> ParsePod(const json& pod) {
     view.name = StringField(*metadata, "name");
     view.namespace_ = StringField(*metadata, "namespace");
     view.uid = StringField(*metadata, "uid");
+    view.resource_version = StringField(*metadata, "resourceVersion");
     const json* annotations = FindField(*metadata, "annotations");
     if (annotations != nullptr && !annotations->is_null()) {
       if (!annotations->is_object()) {

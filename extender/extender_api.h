@@ -96,7 +96,8 @@ struct PodView {
   std::string name;
   std::string namespace_;
   std::string uid;
-  std::string node_name;  // spec.nodeName; empty while unscheduled
+  std::string resource_version;  // metadata.resourceVersion
+  std::string node_name;         // spec.nodeName; empty while unscheduled
   std::map<std::string, std::string> annotations;
 };
 

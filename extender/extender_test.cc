@@ -497,6 +497,81 @@ TEST(ExtenderBind, AnotherReplicaRetriesAReleasedBindWithoutReplayingIt) {
   EXPECT_EQ(replay->reservation_id(), reservation);
 }
 
+TEST(ExtenderBind, TwoBindsOfOnePodAtOnceLeaveTheWinnersReservation) {
+  // Replica B binds the pod to node-c while replica A is between its steps
+  // for node-b: just before A's patch, and just before A's Binding. B must
+  // win with its reservation on the pod; A must release its own and touch
+  // nothing of B's.
+  for (const std::string step : {"PATCH", "POST"}) {
+    SCOPED_TRACE(step);
+    auto b = StartBroker(kRoomyPools);
+    auto c = StartBroker(kRoomyPools);
+    ASSERT_TRUE(b && c);
+    Rig rig;
+    rig.api().AddBroker("node-b", b->port());
+    rig.api().AddBroker("node-c", c->port());
+    rig.api().AddPod("serving", "llm-x", "uid-llm-x",
+                     Asks("kv", "kvbroker.io/blocks", "4"));
+    std::unique_ptr<Extender> replica = rig.Replica();
+    HttpResponse replica_bound;
+    bool ran = false;
+    rig.api().OnRequest([&](const HttpRequest& r) {
+      if (ran || r.method != step) return;
+      ran = true;
+      HttpRequest bind;
+      bind.method = "POST";
+      bind.path = "/bind";
+      bind.body = json{
+          {"PodName", "llm-x"},
+          {"PodNamespace", "serving"},
+          {"PodUID", "uid-llm-x"},
+          {"Node",
+           "node-c"}}.dump();
+      replica_bound = replica->Handle(bind);
+    });
+    HttpResult lost = rig.Bind("llm-x", "node-b");
+    rig.api().OnRequest(nullptr);
+    ASSERT_TRUE(ran);
+    EXPECT_EQ(replica_bound.body, R"({"Error":""})");
+    EXPECT_THAT(lost.doc["Error"].get<std::string>(),
+                ::testing::Not(::testing::IsEmpty()));
+    EXPECT_EQ(rig.api().Pod("serving", "llm-x")["spec"]["nodeName"], "node-c");
+    // The pod names B's reservation on node-c, and it is live there.
+    std::map<std::string, std::string> annotations =
+        rig.api().Annotations("serving", "llm-x");
+    EXPECT_EQ(annotations[kReservationNodeAnnotation], "node-c");
+    EXPECT_EQ(Cap(*c, "kv").reserved_blocks(), 4);
+    EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
+    absl::StatusOr<v1::ReleaseReservationResponse> released =
+        ClientOf(*c)->ReleaseReservation("kv",
+                                         annotations[kReservationAnnotation]);
+    ASSERT_TRUE(released.ok()) << released.status();
+    EXPECT_EQ(released->released_blocks(), 4);
+  }
+}
+
+TEST(ExtenderBind, APodChangedByOthersBeforeItsBindingIsStillBoundOnce) {
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  Rig rig;
+  rig.api().AddBroker("node-b", b->port());
+  rig.api().AddPod("serving", "llm-t", "uid-llm-t",
+                   Asks("kv", "kvbroker.io/blocks", "4"));
+  int touched = 0;
+  rig.api().OnRequest([&](const HttpRequest& r) {
+    if (r.method == "POST" && touched++ == 0)
+      rig.api().Touch("serving", "llm-t");
+  });
+  EXPECT_EQ(rig.Bind("llm-t", "node-b").doc, json({{"Error", ""}}));
+  rig.api().OnRequest(nullptr);
+  EXPECT_EQ(touched, 2);  // refused once (409), then bound
+  EXPECT_EQ(rig.api().bindings().size(), 1u);
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+  EXPECT_EQ(
+      rig.api().Annotations("serving", "llm-t")[kReservationNodeAnnotation],
+      "node-b");
+}
+
 TEST(ExtenderBind, AFailedPatchReleasesItsReservation) {
   auto b = StartBroker(kRoomyPools);
   ASSERT_TRUE(b);

@@ -164,29 +164,33 @@ absl::StatusOr<json> KubeClient::ListPods(
                  "", "");
 }
 
-absl::Status KubeClient::PatchPodAnnotations(
+absl::StatusOr<json> KubeClient::PatchPodAnnotations(
     const std::string& ns, const std::string& name,
-    const std::map<std::string, std::optional<std::string>>& annotations)
-    const {
+    const std::map<std::string, std::optional<std::string>>& annotations,
+    const std::string& resource_version) const {
   json values = json::object();
   for (const auto& [key, value] : annotations) {
     values[key] = value.has_value() ? json(*value) : json(nullptr);
   }
-  const json patch = {{"metadata", {{"annotations", values}}}};
+  json patch = {{"metadata", {{"annotations", values}}}};
+  if (!resource_version.empty()) {
+    patch["metadata"]["resourceVersion"] = resource_version;
+  }
   return Request("PATCH", PodPath(ns, name), "application/merge-patch+json",
-                 patch.dump(-1, ' ', false, json::error_handler_t::replace))
-      .status();
+                 patch.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
-absl::Status KubeClient::CreateBinding(const std::string& ns,
-                                       const std::string& name,
-                                       const std::string& uid,
-                                       const std::string& node) const {
-  const json binding = {
+absl::Status KubeClient::CreateBinding(
+    const std::string& ns, const std::string& name, const std::string& uid,
+    const std::string& node, const std::string& resource_version) const {
+  json binding = {
       {"apiVersion", "v1"},
       {"kind", "Binding"},
       {"metadata", {{"name", name}, {"namespace", ns}, {"uid", uid}}},
       {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
+  if (!resource_version.empty()) {
+    binding["metadata"]["resourceVersion"] = resource_version;
+  }
   return Request("POST", PodPath(ns, name) + "/binding", "application/json",
                  binding.dump(-1, ' ', false, json::error_handler_t::replace))
       .status();

@@ -5,11 +5,16 @@
 //   GET   /api/v1/namespaces/{ns}/pods?labelSelector=...   (the brokers)
 //   PATCH /api/v1/namespaces/{ns}/pods/{name}
 //         Content-Type: application/merge-patch+json
-//         {"metadata":{"annotations":{key: value | null}}}
+//         {"metadata":{"annotations":{key: value | null},
+//                      "resourceVersion"?}}
 //   POST  /api/v1/namespaces/{ns}/pods/{name}/binding
 //         {"apiVersion":"v1","kind":"Binding",
-//          "metadata":{"name","namespace","uid"},
+//          "metadata":{"name","namespace","uid","resourceVersion"?},
 //          "target":{"apiVersion":"v1","kind":"Node","name"}}
+//
+// A resourceVersion, when given, is a precondition: the API server refuses
+// the patch or the Binding with 409 Conflict when the pod has changed since
+// that version (optimistic concurrency).
 //
 // The token file is read again for every request (projected service account
 // tokens are rotated in place). TLS verifies the API server against
@@ -62,15 +67,18 @@ class KubeClient {
   // A v1.PodList; `label_selector` as kubectl's -l takes it.
   absl::StatusOr<nlohmann::json> ListPods(
       const std::string& ns, const std::string& label_selector) const;
-  // Sets (value) or removes (nullopt) each annotation with one merge patch.
-  absl::Status PatchPodAnnotations(
+  // Sets (value) or removes (nullopt) each annotation with one merge patch;
+  // the pod as patched. `resource_version` non-empty: only if the pod is
+  // still at that version (else ALREADY_EXISTS, the API's 409).
+  absl::StatusOr<nlohmann::json> PatchPodAnnotations(
       const std::string& ns, const std::string& name,
-      const std::map<std::string, std::optional<std::string>>& annotations)
-      const;
-  // Binds the pod (of that uid: the API refuses a replaced pod) to `node`.
+      const std::map<std::string, std::optional<std::string>>& annotations,
+      const std::string& resource_version = "") const;
+  // Binds the pod (of that uid: the API refuses a replaced pod) to `node`;
+  // `resource_version` non-empty: only if the pod is still at that version.
   absl::Status CreateBinding(const std::string& ns, const std::string& name,
-                             const std::string& uid,
-                             const std::string& node) const;
+                             const std::string& uid, const std::string& node,
+                             const std::string& resource_version = "") const;
 
  private:
   explicit KubeClient(KubeClientOptions options)

@@ -21,6 +21,13 @@ std::string Status(int code, const std::string& reason,
       .dump();
 }
 
+// The API server's message for a failed resourceVersion precondition.
+std::string Modified(const std::string& name) {
+  return absl::StrCat("Operation cannot be fulfilled on pods \"", name,
+                      "\": the object has been modified; please apply your "
+                      "changes to the latest version and try again");
+}
+
 bool OnlyKeys(const json& obj, std::initializer_list<const char*> keys) {
   if (!obj.is_object()) return false;
   for (auto it = obj.begin(); it != obj.end(); ++it) {
@@ -56,7 +63,17 @@ void FakeKubeApi::AddPod(
               {"spec", {{"containers", json::array()}}},
               {"status", {{"phase", "Pending"}}}};
   absl::MutexLock lock(&mu_);
+  pod["metadata"]["resourceVersion"] = absl::StrCat(++resource_version_);
   pods_[absl::StrCat(ns, "/", name)] = std::move(pod);
+}
+
+void FakeKubeApi::Touch(const std::string& ns, const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = pods_.find(absl::StrCat(ns, "/", name));
+  if (it != pods_.end()) {
+    it->second["metadata"]["resourceVersion"] =
+        absl::StrCat(++resource_version_);
+  }
 }
 
 void FakeKubeApi::AddBroker(const std::string& node, int port) {
@@ -110,6 +127,11 @@ std::map<std::string, std::string> FakeKubeApi::Annotations(
   return out;
 }
 
+void FakeKubeApi::OnRequest(std::function<void(const HttpRequest&)> hook) {
+  absl::MutexLock lock(&mu_);
+  hook_ = std::move(hook);
+}
+
 void FakeKubeApi::RefuseBindings(int code) {
   absl::MutexLock lock(&mu_);
   refuse_bindings_ = code;
@@ -146,6 +168,12 @@ HttpResponse FakeKubeApi::Violation(int code, const std::string& what) {
 }
 
 HttpResponse FakeKubeApi::Handle(const HttpRequest& request) {
+  std::function<void(const HttpRequest&)> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    hook = hook_;
+  }
+  if (hook) hook(request);
   absl::MutexLock lock(&mu_);
   requests_.push_back(absl::StrCat(request.method, " ", request.path));
   return HandleLocked(request);
@@ -204,7 +232,7 @@ HttpResponse FakeKubeApi::HandleLocked(const HttpRequest& request) {
     }
     json patch = json::parse(request.body, nullptr, false);
     if (!OnlyKeys(patch, {"metadata"}) ||
-        !OnlyKeys(patch["metadata"], {"annotations"}) ||
+        !OnlyKeys(patch["metadata"], {"annotations", "resourceVersion"}) ||
         !patch["metadata"]["annotations"].is_object()) {
       return Violation(400, absl::StrCat("PATCH touches more than "
                                          "metadata.annotations: ",
@@ -225,6 +253,13 @@ HttpResponse FakeKubeApi::HandleLocked(const HttpRequest& request) {
       return {refuse_patches_, "application/json",
               Status(refuse_patches_, "InternalError", "patch refused")};
     }
+    if (patch["metadata"].contains("resourceVersion") &&
+        patch["metadata"]["resourceVersion"] !=
+            pod->second["metadata"]["resourceVersion"]) {
+      return {409, "application/json", Status(409, "Conflict", Modified(name))};
+    }
+    pod->second["metadata"]["resourceVersion"] =
+        absl::StrCat(++resource_version_);
     json& annotations = pod->second["metadata"]["annotations"];
     for (auto it = patch["metadata"]["annotations"].begin();
          it != patch["metadata"]["annotations"].end(); ++it) {
@@ -245,7 +280,8 @@ HttpResponse FakeKubeApi::HandleLocked(const HttpRequest& request) {
     const bool shape =
         OnlyKeys(b, {"apiVersion", "kind", "metadata", "target"}) &&
         b["apiVersion"] == "v1" && b["kind"] == "Binding" &&
-        OnlyKeys(b["metadata"], {"name", "namespace", "uid"}) &&
+        OnlyKeys(b["metadata"],
+                 {"name", "namespace", "uid", "resourceVersion"}) &&
         b["metadata"]["name"] == name && b["metadata"]["namespace"] == ns &&
         b["metadata"]["uid"].is_string() &&
         OnlyKeys(b["target"], {"apiVersion", "kind", "name"}) &&
@@ -262,6 +298,11 @@ HttpResponse FakeKubeApi::HandleLocked(const HttpRequest& request) {
       return {refuse_bindings_, "application/json",
               Status(refuse_bindings_, "InternalError", "binding refused")};
     }
+    if (b["metadata"].contains("resourceVersion") &&
+        b["metadata"]["resourceVersion"] !=
+            pod->second["metadata"]["resourceVersion"]) {
+      return {409, "application/json", Status(409, "Conflict", Modified(name))};
+    }
     if (pod->second["spec"].contains("nodeName")) {
       return {409, "application/json",
               Status(409, "Conflict",
@@ -271,6 +312,8 @@ HttpResponse FakeKubeApi::HandleLocked(const HttpRequest& request) {
     }
     const std::string node = b["target"]["name"].get<std::string>();
     pod->second["spec"]["nodeName"] = node;
+    pod->second["metadata"]["resourceVersion"] =
+        absl::StrCat(++resource_version_);
     bindings_.push_back(
         {ns, name, b["metadata"]["uid"].get<std::string>(), node});
     return {

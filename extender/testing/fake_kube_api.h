@@ -4,13 +4,18 @@
 // and checks the shape of every request it receives: the bearer token, the
 // path, the method, the content type and the JSON body of patches and
 // Bindings. Anything off is answered with an error status and remembered
-// in violations(), which a test expects to be empty at its end.
+// in violations(), which a test expects to be empty at its end. Every
+// change of a pod sets a new metadata.resourceVersion, and a patch or a
+// Binding that names another one is refused 409 Conflict, as the API
+// server's preconditions do.
 //
 // Thread safety: all methods may be called concurrently with requests.
 
 #ifndef KVBROKER_EXTENDER_TESTING_FAKE_KUBE_API_H_
 #define KVBROKER_EXTENDER_TESTING_FAKE_KUBE_API_H_
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,6 +62,10 @@ class FakeKubeApi {
   // A running, ready kvbroker pod on `node` whose "grpc" port is `port` on
   // 127.0.0.1.
   void AddBroker(const std::string& node, int port) ABSL_LOCKS_EXCLUDED(mu_);
+  // A change of the pod that is not the extender's (a controller's label):
+  // a new resourceVersion.
+  void Touch(const std::string& ns, const std::string& name)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Any pod, as the broker pod list returns it.
   void AddBrokerPod(nlohmann::json pod) ABSL_LOCKS_EXCLUDED(mu_);
   // The broker list answers 500 while set.
@@ -67,6 +76,11 @@ class FakeKubeApi {
       ABSL_LOCKS_EXCLUDED(mu_);
   std::map<std::string, std::string> Annotations(const std::string& ns,
                                                  const std::string& name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Called with every request before it is handled (not under the fake's
+  // lock, so it may make requests of its own); null: none.
+  void OnRequest(std::function<void(const HttpRequest&)> hook)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Answer Binding requests with this HTTP status (0: normally).
@@ -91,6 +105,8 @@ class FakeKubeApi {
   // "ns/name" -> v1.Pod.
   std::map<std::string, nlohmann::json> pods_ ABSL_GUARDED_BY(mu_);
   std::vector<nlohmann::json> brokers_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const HttpRequest&)> hook_ ABSL_GUARDED_BY(mu_);
+  int64_t resource_version_ ABSL_GUARDED_BY(mu_) = 1;
   int refuse_bindings_ ABSL_GUARDED_BY(mu_) = 0;
   int refuse_patches_ ABSL_GUARDED_BY(mu_) = 0;
   bool fail_broker_list_ ABSL_GUARDED_BY(mu_) = false;
