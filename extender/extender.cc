@@ -374,7 +374,8 @@ int Extender::ReleasedBinds(const PodView& pod) {
   int on_pod = 0;
   auto a = pod.annotations.find(kReleasedBindsAnnotation);
   if (a != pod.annotations.end() &&
-      (!absl::SimpleAtoi(a->second, &on_pod) || on_pod < 0)) {
+      (!absl::SimpleAtoi(a->second, &on_pod) || on_pod < 0 ||
+       on_pod > kMaxReleasedBinds)) {
     on_pod = 0;  // not ours to trust; the count in memory still applies
   }
   absl::MutexLock lock(&mu_);

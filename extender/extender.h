@@ -174,6 +174,9 @@ class Extender {
   // the pod's annotation could not be written. Bounded by kMaxReleasedPods
   // (cleared when full: the annotation still counts).
   static constexpr size_t kMaxReleasedPods = 100000;
+  // A kvbroker.io/released-binds above this is not the extender's (the
+  // pod's author wrote it): it counts as absent, and n + 1 never overflows.
+  static constexpr int kMaxReleasedBinds = 1000000;
   absl::flat_hash_map<std::string, int> released_pods_ ABSL_GUARDED_BY(mu_);
 };
 

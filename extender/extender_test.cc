@@ -572,6 +572,25 @@ TEST(ExtenderBind, APodChangedByOthersBeforeItsBindingIsStillBoundOnce) {
       "node-b");
 }
 
+TEST(ExtenderBind, AReleasedBindsCountAtIntMaxIsNotTrusted) {
+  // The pod's author may write any count; one past int's range used to
+  // overflow when the next release added one.
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  Rig rig;
+  rig.api().AddBroker("node-b", b->port());
+  std::map<std::string, std::string> asks =
+      Asks("kv", "kvbroker.io/blocks", "4");
+  asks[kReleasedBindsAnnotation] = "2147483647";
+  rig.api().AddPod("serving", "llm-m", "uid-llm-m", asks);
+  rig.api().RefuseBindings(500);
+  EXPECT_THAT(rig.Bind("llm-m", "node-b").doc["Error"].get<std::string>(),
+              StartsWith("binding_failed: "));
+  EXPECT_EQ(rig.api().Annotations("serving", "llm-m")[kReleasedBindsAnnotation],
+            "1");
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
+}
+
 TEST(ExtenderBind, AFailedPatchReleasesItsReservation) {
   auto b = StartBroker(kRoomyPools);
   ASSERT_TRUE(b);
