@@ -267,6 +267,18 @@ std::vector<NodeCheck> Extender::CheckAll(const std::vector<std::string>& nodes,
   };
   std::vector<NodeCheck> checks(nodes.size());
   std::vector<std::unique_ptr<Call>> calls(nodes.size());
+  // Brokers first: a node the directory does not know relists the broker
+  // pods, which may take the API's time, not the brokers'.
+  std::vector<std::shared_ptr<const Broker>> brokers(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    absl::StatusOr<std::shared_ptr<const Broker>> broker =
+        directory_->Find(nodes[i]);
+    if (broker.ok()) {
+      brokers[i] = *std::move(broker);
+    } else {
+      checks[i] = NoBroker(nodes[i]);
+    }
+  }
   grpc::CompletionQueue cq;
   const auto deadline = absl::ToChronoTime(absl::Now() + options_.node_timeout);
   v1::CapacityRequest capacity_request;
@@ -275,25 +287,21 @@ std::vector<NodeCheck> Extender::CheckAll(const std::vector<std::string>& nodes,
   pool_request.set_pool(request.pool);
   size_t outstanding = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    absl::StatusOr<std::shared_ptr<const Broker>> broker =
-        directory_->Find(nodes[i]);
-    if (!broker.ok()) {
-      checks[i] = NoBroker(nodes[i]);
-      continue;
-    }
+    const std::shared_ptr<const Broker>& broker = brokers[i];
+    if (broker == nullptr) continue;
     auto call = std::make_unique<Call>();
     call->context.set_deadline(deadline);
-    if (!(*broker)->authorization.empty()) {
-      call->context.AddMetadata("authorization", (*broker)->authorization);
+    if (!broker->authorization.empty()) {
+      call->context.AddMetadata("authorization", broker->authorization);
     }
     void* tag = reinterpret_cast<void*>(i);
     if (request.blocks > 0) {
       call->capacity_reader =
-          (*broker)->stub->AsyncCapacity(&call->context, capacity_request, &cq);
+          broker->stub->AsyncCapacity(&call->context, capacity_request, &cq);
       call->capacity_reader->Finish(&call->capacity, &call->status, tag);
     } else {
       call->pool_reader =
-          (*broker)->stub->AsyncGetPool(&call->context, pool_request, &cq);
+          broker->stub->AsyncGetPool(&call->context, pool_request, &cq);
       call->pool_reader->Finish(&call->pool, &call->status, tag);
     }
     calls[i] = std::move(call);

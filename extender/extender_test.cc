@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/kvbroker_client.h"
 #include "extender/broker_directory.h"
 #include "extender/extender_api.h"
@@ -668,6 +669,31 @@ TEST(ExtenderFilter, DownAndStoppedBrokersAreUnreachable) {
                                  "verdict=\"fits\"} 1"));
   EXPECT_THAT(metrics,
               HasSubstr("kvbroker_extender_brokers{state=\"known\"} 3"));
+}
+
+TEST(ExtenderFilter, ASlowRelistDoesNotUseUpTheBrokersDeadline) {
+  // node-x has no broker: looking it up relists the broker pods, and the
+  // API takes 1.5 s to answer. node-b's broker still gets its whole
+  // node_timeout.
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  ExtenderOptions options;
+  options.node_timeout = absl::Seconds(1);
+  Rig rig(options);
+  rig.api().AddBroker("node-b", b->port());
+  rig.api().AddPod("serving", "llm-s", "uid-llm-s",
+                   Asks("kv", "kvbroker.io/blocks", "2"));
+  rig.api().OnRequest([](const HttpRequest& r) {
+    if (absl::StrContains(r.path, "/namespaces/kvbroker/pods")) {
+      absl::SleepFor(absl::Milliseconds(1500));
+    }
+  });
+  HttpResult f = rig.Filter("llm-s", {"node-x", "node-b"});
+  rig.api().OnRequest(nullptr);
+  ASSERT_EQ(f.code, 200) << f.body;
+  EXPECT_EQ(f.doc["NodeNames"], json({"node-b"})) << f.body;
+  EXPECT_EQ(f.doc["FailedAndUnresolvableNodes"],
+            json({{"node-x", "no kvbroker on node node-x"}}));
 }
 
 TEST(ExtenderFilter, EveryCapacityReasonIsTheBrokersOwn) {
