@@ -38,8 +38,11 @@
 // on the chosen node; a merge patch writes kvbroker.io/reservation,
 // kvbroker.io/reservation-node, kvbroker.io/reservation-expire-time and,
 // when the broker reports one, kvbroker.io/pool-uid; then the pod's
-// Binding is created. When the patch or the Binding fails, the
-// reservation is released and the annotations are removed. A retried bind
+// Binding is created. The patch is conditional on the resourceVersion the
+// bind read, the Binding on the one the patch left. When the patch or the
+// Binding fails, the reservation is released and the annotations are
+// removed if the pod has not changed since (another bind of the same pod
+// may have put its own there). A retried bind
 // is idempotent: Reserve with the same request_id replays the first
 // reservation, the patch writes the same values, and a pod already bound to
 // that node is success. After a bind that failed and released, the next
