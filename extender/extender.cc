@@ -140,6 +140,36 @@ HttpResponse BadRequest(const absl::Status& status) {
   return Json(400, EncodeError(std::string(status.message())));
 }
 
+// Where a pod stands when read again after the API refused bind's patch or
+// Binding with 409, for a bind holding reservation `ours` on `node`. Two
+// attempts under the same request id (a retry, another replica) hold the
+// same reservation, so a pod naming `ours` may have been patched or bound
+// by the other one.
+enum class PodStand {
+  kBoundWithOurs,         // bound to `node`, naming ours: done
+  kBoundHereWithAnother,  // bound to `node` with another bind's: ours spare
+  kUnboundWithOurs,       // another attempt patched it: bind it
+  kUnboundUnclaimed,      // changed by someone else: patch again
+  kLost,                  // bound elsewhere, or another bind is ahead
+};
+
+PodStand StandOf(const PodView& pod, const std::string& node,
+                 const std::string& ours) {
+  auto on_pod = pod.annotations.find(kReservationAnnotation);
+  const bool claimed = on_pod != pod.annotations.end();
+  const bool is_ours = claimed && on_pod->second == ours;
+  if (!pod.node_name.empty()) {
+    if (pod.node_name != node || !claimed) return PodStand::kLost;
+    return is_ours ? PodStand::kBoundWithOurs : PodStand::kBoundHereWithAnother;
+  }
+  if (is_ours) return PodStand::kUnboundWithOurs;
+  // An unbound pod naming another reservation is another bind between its
+  // patch and its Binding, or a leftover of one whose undo was refused;
+  // either way this attempt gives up, and the scheduler's retry reads the
+  // pod afresh.
+  return claimed ? PodStand::kLost : PodStand::kUnboundUnclaimed;
+}
+
 }  // namespace
 
 absl::StatusOr<ScorePolicy> ParseScorePolicy(absl::string_view name) {
@@ -546,49 +576,72 @@ std::string Extender::BindKvPod(const BindingArgs& args,
                                            "failed too (it expires at ",
                                            expiry, "): ", released.message()));
   };
+  // The pod again, after a 409.
+  auto reread = [&]() -> absl::StatusOr<PodView> {
+    absl::StatusOr<nlohmann::json> again =
+        kube_->GetPod(args.pod_namespace, args.pod_name);
+    if (!again.ok()) return again.status();
+    return ParsePod(*again);
+  };
+  auto bound_here = [&] {
+    outcome(reservation->replayed() ? "bound_replayed" : "bound");
+    return std::string();
+  };
+  // Bound here with another bind's reservation (its own request id): ours
+  // is spare.
+  auto spare = [&] {
+    (void)client.ReleaseReservation(request.pool, reservation->reservation_id(),
+                                    call());
+    outcome("already_bound");
+    return std::string();
+  };
+
   // Both steps are conditional on the pod's version: another bind of the
   // same pod (another replica, a retry) that changed it in between makes
-  // ours fail and release, rather than overwrite its reservation.
-  absl::StatusOr<nlohmann::json> patched = kube_->PatchPodAnnotations(
-      args.pod_namespace, args.pod_name, annotations, resource_version);
-  if (!patched.ok()) return undo("patch_failed", patched.status(), false, "");
-  absl::StatusOr<PodView> patched_view = ParsePod(*patched);
-  std::string version =
-      patched_view.ok() ? patched_view->resource_version : std::string();
+  // ours read the pod again (StandOf) rather than overwrite its
+  // reservation; a change by anyone else is retried, up to three times.
+  std::string version = resource_version;
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<nlohmann::json> patched = kube_->PatchPodAnnotations(
+        args.pod_namespace, args.pod_name, annotations, version);
+    if (patched.ok()) {
+      absl::StatusOr<PodView> view = ParsePod(*patched);
+      version = view.ok() ? view->resource_version : std::string();
+      break;
+    }
+    if (patched.status().code() != absl::StatusCode::kAlreadyExists ||
+        attempt == 2) {
+      return undo("patch_failed", patched.status(), false, "");
+    }
+    absl::StatusOr<PodView> view = reread();
+    if (!view.ok()) return undo("patch_failed", patched.status(), false, "");
+    const PodStand stand =
+        StandOf(*view, args.node, reservation->reservation_id());
+    if (stand == PodStand::kBoundWithOurs) return bound_here();
+    if (stand == PodStand::kBoundHereWithAnother) return spare();
+    if (stand == PodStand::kLost) {
+      return undo("patch_failed", patched.status(), false, "");
+    }
+    version = view->resource_version;
+    if (stand == PodStand::kUnboundWithOurs) break;  // patched already
+  }
   absl::Status bound;
   for (int attempt = 0;; ++attempt) {
     bound = kube_->CreateBinding(args.pod_namespace, args.pod_name,
                                  args.pod_uid, args.node, version);
     if (bound.code() != absl::StatusCode::kAlreadyExists) break;
     // 409: the pod is bound already, or changed since the patch.
-    absl::StatusOr<nlohmann::json> again =
-        kube_->GetPod(args.pod_namespace, args.pod_name);
-    absl::StatusOr<PodView> view =
-        again.ok() ? ParsePod(*again) : absl::StatusOr<PodView>(again.status());
+    absl::StatusOr<PodView> view = reread();
     if (!view.ok()) break;
-    auto on_pod = view->annotations.find(kReservationAnnotation);
-    const bool ours = on_pod != view->annotations.end() &&
-                      on_pod->second == reservation->reservation_id();
-    if (view->node_name == args.node) {
-      // Bound here by another attempt (a retry whose first did bind).
-      if (ours) {
-        bound = absl::OkStatus();
-        break;
-      }
-      // Bound here with another attempt's reservation: ours is spare.
-      (void)client.ReleaseReservation(request.pool,
-                                      reservation->reservation_id(), call());
-      outcome("already_bound");
-      return "";
-    }
-    // Bound elsewhere, our reservation replaced by another bind's, or
-    // changed again and again: give up (the scheduler retries).
-    if (!view->node_name.empty() || !ours || attempt == 2) break;
+    const PodStand stand =
+        StandOf(*view, args.node, reservation->reservation_id());
+    if (stand == PodStand::kBoundWithOurs) return bound_here();
+    if (stand == PodStand::kBoundHereWithAnother) return spare();
+    if (stand != PodStand::kUnboundWithOurs || attempt == 2) break;
     version = view->resource_version;  // changed otherwise: bind again
   }
   if (!bound.ok()) return undo("binding_failed", bound, true, version);
-  outcome(reservation->replayed() ? "bound_replayed" : "bound");
-  return "";
+  return bound_here();
 }
 
 std::string Extender::RenderMetrics() {

@@ -42,7 +42,9 @@
 // bind read, the Binding on the one the patch left. When the patch or the
 // Binding fails, the reservation is released and the annotations are
 // removed if the pod has not changed since (another bind of the same pod
-// may have put its own there). A retried bind
+// may have put its own there); a 409 reads the pod again first (StandOf in
+// extender.cc), since a bind under the same request id shares the
+// reservation. A retried bind
 // is idempotent: Reserve with the same request_id replays the first
 // reservation, the patch writes the same values, and a pod already bound to
 // that node is success. After a bind that failed and released, the next

@@ -551,6 +551,54 @@ TEST(ExtenderBind, TwoBindsOfOnePodAtOnceLeaveTheWinnersReservation) {
   }
 }
 
+TEST(ExtenderBind, TwoBindsOfOnePodToOneNodeAtOnceKeepTheirReservation) {
+  // Replica B binds the pod to the same node while replica A is between its
+  // steps. Both reserve under the pod's UID, so B's Reserve replays A's: the
+  // two binds share one reservation, and neither may release it.
+  for (const std::string step : {"PATCH", "POST"}) {
+    SCOPED_TRACE(step);
+    auto b = StartBroker(kRoomyPools);
+    ASSERT_TRUE(b);
+    Rig rig;
+    rig.api().AddBroker("node-b", b->port());
+    rig.api().AddPod("serving", "llm-y", "uid-llm-y",
+                     Asks("kv", "kvbroker.io/blocks", "4"));
+    std::unique_ptr<Extender> replica = rig.Replica();
+    HttpResponse replica_bound;
+    bool ran = false;
+    rig.api().OnRequest([&](const HttpRequest& r) {
+      if (ran || r.method != step) return;
+      ran = true;
+      HttpRequest bind;
+      bind.method = "POST";
+      bind.path = "/bind";
+      bind.body = json{
+          {"PodName", "llm-y"},
+          {"PodNamespace", "serving"},
+          {"PodUID", "uid-llm-y"},
+          {"Node",
+           "node-b"}}.dump();
+      replica_bound = replica->Handle(bind);
+    });
+    HttpResult second = rig.Bind("llm-y", "node-b");
+    rig.api().OnRequest(nullptr);
+    ASSERT_TRUE(ran);
+    EXPECT_EQ(replica_bound.body, R"({"Error":""})");
+    EXPECT_EQ(second.doc, json({{"Error", ""}}));
+    EXPECT_EQ(rig.api().Pod("serving", "llm-y")["spec"]["nodeName"], "node-b");
+    EXPECT_EQ(rig.api().bindings().size(), 1u);
+    std::map<std::string, std::string> annotations =
+        rig.api().Annotations("serving", "llm-y");
+    EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
+    EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+    absl::StatusOr<v1::ReleaseReservationResponse> released =
+        ClientOf(*b)->ReleaseReservation("kv",
+                                         annotations[kReservationAnnotation]);
+    ASSERT_TRUE(released.ok()) << released.status();
+    EXPECT_EQ(released->released_blocks(), 4);
+  }
+}
+
 TEST(ExtenderBind, APodChangedByOthersBeforeItsBindingIsStillBoundOnce) {
   auto b = StartBroker(kRoomyPools);
   ASSERT_TRUE(b);
@@ -571,6 +619,32 @@ TEST(ExtenderBind, APodChangedByOthersBeforeItsBindingIsStillBoundOnce) {
   EXPECT_EQ(
       rig.api().Annotations("serving", "llm-t")[kReservationNodeAnnotation],
       "node-b");
+}
+
+TEST(ExtenderBind, APodChangedByOthersBeforeItsPatchIsStillBoundOnce) {
+  // Someone else (a label, a controller) changes the pod between bind's
+  // read and its patch: the patch is refused 409, and bind patches again at
+  // the pod's new version instead of giving the reservation up.
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  Rig rig;
+  rig.api().AddBroker("node-b", b->port());
+  rig.api().AddPod("serving", "llm-u", "uid-llm-u",
+                   Asks("kv", "kvbroker.io/blocks", "4"));
+  int patches = 0;
+  rig.api().OnRequest([&](const HttpRequest& r) {
+    if (r.method == "PATCH" && patches++ == 0)
+      rig.api().Touch("serving", "llm-u");
+  });
+  EXPECT_EQ(rig.Bind("llm-u", "node-b").doc, json({{"Error", ""}}));
+  rig.api().OnRequest(nullptr);
+  EXPECT_EQ(patches, 2);  // refused once (409), then patched
+  EXPECT_EQ(rig.api().bindings().size(), 1u);
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+  std::map<std::string, std::string> annotations =
+      rig.api().Annotations("serving", "llm-u");
+  EXPECT_EQ(annotations[kReservationNodeAnnotation], "node-b");
+  EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
 }
 
 TEST(ExtenderBind, AReleasedBindsCountAtIntMaxIsNotTrusted) {
