@@ -63,6 +63,34 @@ int PortOf(const json& spec, const std::string& name, int fallback) {
   return fallback;
 }
 
+// A broker pod as a candidate for its node: running, not being deleted,
+// with a node and an IP. Among several on one node the ready one wins, then
+// the newer.
+void ConsiderPod(const json& pod, const std::string& port_name,
+                 int default_port, std::map<std::string, Candidate>* chosen) {
+  const json& metadata = Child(pod, "metadata");
+  const json& spec = Child(pod, "spec");
+  const json& pod_status = Child(pod, "status");
+  const std::string node = Str(spec, "nodeName");
+  const std::string ip = Str(pod_status, "podIP");
+  if (node.empty() || ip.empty() || Str(pod_status, "phase") != "Running" ||
+      !Str(metadata, "deletionTimestamp").empty()) {
+    return;
+  }
+  Candidate c;
+  c.pod = absl::StrCat(Str(metadata, "namespace"), "/", Str(metadata, "name"));
+  const bool v6 = ip.find(':') != std::string::npos;
+  c.target = absl::StrCat(v6 ? "[" : "", ip, v6 ? "]" : "", ":",
+                          PortOf(spec, port_name, default_port));
+  c.ready = IsReady(pod_status);
+  c.created = Str(metadata, "creationTimestamp");
+  auto [it, inserted] = chosen->emplace(node, c);
+  if (!inserted && std::tie(c.ready, c.created) >
+                       std::tie(it->second.ready, it->second.created)) {
+    it->second = c;
+  }
+}
+
 }  // namespace
 
 BrokerDirectory::BrokerDirectory(const KubeClient* kube,
@@ -126,42 +154,45 @@ absl::Status BrokerDirectory::Refresh() {
 }
 
 absl::Status BrokerDirectory::RefreshLocked() {
-  absl::StatusOr<json> list =
-      kube_->ListPods(options_.namespace_, options_.label_selector);
-  absl::Status status = list.status();
   std::map<std::string, Candidate> chosen;
-  if (status.ok()) {
+  absl::Status status;
+  std::string next_page;
+  for (int restarts = 0, pages = 0;; ++pages) {
+    if (pages == kMaxListPages) {
+      status = absl::UnavailableError(absl::StrCat(
+          "the broker pod list did not end within ", pages, " pages"));
+      break;
+    }
+    absl::StatusOr<json> list = kube_->ListPods(
+        options_.namespace_, options_.label_selector, kListPage, next_page);
+    if (list.status().code() == absl::StatusCode::kFailedPrecondition &&
+        !next_page.empty() && restarts++ == 0) {
+      chosen.clear();  // the token expired between pages: from the start
+      next_page.clear();
+      continue;
+    }
+    if (!list.ok()) {
+      status = list.status().code() == absl::StatusCode::kFailedPrecondition
+                   ? absl::UnavailableError(list.status().message())
+                   : list.status();
+      break;
+    }
     const json& items = Child(*list, "items");
     if (!items.is_array()) {
       status = absl::UnavailableError("the broker pod list has no items");
-    } else {
-      for (const json& pod : items) {
-        const json& metadata = Child(pod, "metadata");
-        const json& spec = Child(pod, "spec");
-        const json& pod_status = Child(pod, "status");
-        const std::string node = Str(spec, "nodeName");
-        const std::string ip = Str(pod_status, "podIP");
-        if (node.empty() || ip.empty() ||
-            Str(pod_status, "phase") != "Running" ||
-            !Str(metadata, "deletionTimestamp").empty()) {
-          continue;
-        }
-        Candidate c;
-        c.pod = absl::StrCat(Str(metadata, "namespace"), "/",
-                             Str(metadata, "name"));
-        const bool v6 = ip.find(':') != std::string::npos;
-        c.target = absl::StrCat(
-            v6 ? "[" : "", ip, v6 ? "]" : "", ":",
-            PortOf(spec, options_.port_name, options_.default_port));
-        c.ready = IsReady(pod_status);
-        c.created = Str(metadata, "creationTimestamp");
-        auto [it, inserted] = chosen.emplace(node, c);
-        if (!inserted && std::tie(c.ready, c.created) >
-                             std::tie(it->second.ready, it->second.created)) {
-          it->second = c;
-        }
-      }
+      break;
     }
+    for (const json& pod : items) {
+      ConsiderPod(pod, options_.port_name, options_.default_port, &chosen);
+    }
+    const std::string token = Str(Child(*list, "metadata"), "continue");
+    if (token.empty()) break;
+    if (token == next_page) {
+      status = absl::UnavailableError(
+          "the broker pod list names the same page again");
+      break;
+    }
+    next_page = token;
   }
   absl::MutexLock lock(&mu_);
   last_refresh_ = absl::Now();

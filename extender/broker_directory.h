@@ -83,7 +83,18 @@ class BrokerDirectory {
   BrokerDirectory(const BrokerDirectory&) = delete;
   BrokerDirectory& operator=(const BrokerDirectory&) = delete;
 
-  // Lists the broker pods now. Errors: the API's (the map is unchanged).
+  // Pods asked for per page of the broker list. A page is one reply the
+  // extender parses whole, so pages keep each reply within the parser's
+  // bound on values (kMaxJsonValues) and its memory, in a cluster of
+  // thousands of nodes; 500 is kubectl's own page.
+  static constexpr int kListPage = 500;
+  // A list that has not ended after this many pages (five million pods) is
+  // taken as the API's fault, not a cluster's size.
+  static constexpr int kMaxListPages = 10000;
+
+  // Lists the broker pods now, page by page; when the API has forgotten
+  // the list's continue token (410 Gone) between pages, the list starts
+  // over once. Errors: the API's (the map is unchanged).
   absl::Status Refresh() ABSL_LOCKS_EXCLUDED(mu_);
   // Starts the background refresher (first listing included).
   void Start();

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "extender/kube_client.h"
 #include "extender/testing/fake_kube_api.h"
 #include "gtest/gtest.h"
@@ -119,6 +120,50 @@ TEST_F(DirectoryTest, AMissRelistsAndAFailedRelistKeepsTheMap) {
   EXPECT_EQ(directory->size(), 2u);
   EXPECT_EQ(directory->refresh_failures(), 1);
   EXPECT_EQ(directory->Find("node-1").value(), first);
+}
+
+// A pod as the API returns it carries hundreds of JSON values (managed
+// fields, the container's spec, statuses); a cluster of a few thousand GPU
+// nodes lists thousands of broker pods.
+json BulkyBrokerPod(int i) {
+  json pod = BrokerPod(absl::StrCat("kvbroker-", i), absl::StrCat("node-", i),
+                       absl::StrCat("10.1.", i / 250, ".", i % 250),
+                       {{{"name", "grpc"}, {"containerPort", 50051}}}, true);
+  pod["metadata"]["managedFields"] = json(std::vector<int>(400, 0));
+  return pod;
+}
+
+TEST_F(DirectoryTest, ListsBrokersInPagesThatEachFitTheParser) {
+  // 1,300 pods of 400-odd values each are past the 500,000 values a reply
+  // may hold (kMaxJsonValues) in one list, not in pages of 500.
+  constexpr int kBrokers = 1300;
+  for (int i = 0; i < kBrokers; ++i) api_.AddBrokerPod(BulkyBrokerPod(i));
+  auto directory = Directory();
+  absl::Status listed = directory->Refresh();
+  ASSERT_TRUE(listed.ok()) << listed;
+  EXPECT_EQ(directory->size(), static_cast<size_t>(kBrokers));
+  EXPECT_EQ(directory->Find("node-1299").value()->target, "10.1.5.49:50051");
+  EXPECT_EQ(api_.broker_list_pages(), 3);
+  EXPECT_EQ(api_.largest_broker_list_page(), BrokerDirectory::kListPage);
+  EXPECT_TRUE(api_.violations().empty());
+}
+
+TEST_F(DirectoryTest, AnExpiredContinueTokenStartsTheListAgain) {
+  constexpr int kBrokers = 1200;
+  for (int i = 0; i < kBrokers; ++i) api_.AddBrokerPod(BulkyBrokerPod(i));
+  auto directory = Directory();
+  // Once: the list starts over and completes.
+  api_.ExpireContinueTokens(1);
+  ASSERT_TRUE(directory->Refresh().ok());
+  EXPECT_EQ(directory->size(), static_cast<size_t>(kBrokers));
+  EXPECT_EQ(api_.broker_list_pages(), 1 + 3);
+  // Every time: the relist fails and the map stays as it was.
+  api_.AddBrokerPod(BulkyBrokerPod(kBrokers));
+  api_.ExpireContinueTokens(1000);
+  EXPECT_EQ(directory->Refresh().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(directory->size(), static_cast<size_t>(kBrokers));
+  EXPECT_EQ(directory->refresh_failures(), 1);
+  EXPECT_TRUE(api_.violations().empty());
 }
 
 TEST_F(DirectoryTest, MissesAreThrottled) {

@@ -66,6 +66,7 @@ absl::Status FromHttp(long code, const std::string& what,
     case 403: return absl::PermissionDeniedError(text);
     case 404: return absl::NotFoundError(text);
     case 409: return absl::AlreadyExistsError(text);
+    case 410: return absl::FailedPreconditionError(text);
     case 429: return absl::UnavailableError(text);
     default:
       return code >= 500 ? absl::UnavailableError(text)
@@ -157,11 +158,16 @@ absl::StatusOr<json> KubeClient::GetPod(const std::string& ns,
 }
 
 absl::StatusOr<json> KubeClient::ListPods(
-    const std::string& ns, const std::string& label_selector) const {
-  return Request("GET",
-                 absl::StrCat("/api/v1/namespaces/", Escape(ns),
-                              "/pods?labelSelector=", Escape(label_selector)),
-                 "", "");
+    const std::string& ns, const std::string& label_selector, int limit,
+    const std::string& continue_token) const {
+  std::string path =
+      absl::StrCat("/api/v1/namespaces/", Escape(ns),
+                   "/pods?labelSelector=", Escape(label_selector));
+  if (limit > 0) absl::StrAppend(&path, "&limit=", limit);
+  if (!continue_token.empty()) {
+    absl::StrAppend(&path, "&continue=", Escape(continue_token));
+  }
+  return Request("GET", path, "", "");
 }
 
 absl::StatusOr<json> KubeClient::PatchPodAnnotations(

@@ -2,7 +2,8 @@
 // libcurl, authenticated with a service account token.
 //
 //   GET   /api/v1/namespaces/{ns}/pods/{name}
-//   GET   /api/v1/namespaces/{ns}/pods?labelSelector=...   (the brokers)
+//   GET   /api/v1/namespaces/{ns}/pods?labelSelector=...&limit=...
+//         [&continue=...]                                  (the brokers)
 //   PATCH /api/v1/namespaces/{ns}/pods/{name}
 //         Content-Type: application/merge-patch+json
 //         {"metadata":{"annotations":{key: value | null},
@@ -64,9 +65,14 @@ class KubeClient {
 
   absl::StatusOr<nlohmann::json> GetPod(const std::string& ns,
                                         const std::string& name) const;
-  // A v1.PodList; `label_selector` as kubectl's -l takes it.
+  // A v1.PodList; `label_selector` as kubectl's -l takes it. With `limit`
+  // > 0, one page of at most that many pods, from `continue_token` (empty:
+  // the first page); the next page's token is the reply's
+  // metadata.continue, absent after the last page. A token the API no
+  // longer honours (410 Gone) is FAILED_PRECONDITION: list again.
   absl::StatusOr<nlohmann::json> ListPods(
-      const std::string& ns, const std::string& label_selector) const;
+      const std::string& ns, const std::string& label_selector, int limit = 0,
+      const std::string& continue_token = "") const;
   // Sets (value) or removes (nullopt) each annotation with one merge patch;
   // the pod as patched. `resource_version` non-empty: only if the pod is
   // still at that version (else ALREADY_EXISTS, the API's 409).

@@ -2,7 +2,10 @@
 
 #include "extender/testing/fake_kube_api.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -109,6 +112,21 @@ void FakeKubeApi::FailBrokerList(bool fail) {
   fail_broker_list_ = fail;
 }
 
+void FakeKubeApi::ExpireContinueTokens(int n) {
+  absl::MutexLock lock(&mu_);
+  expire_continue_tokens_ = n;
+}
+
+int FakeKubeApi::broker_list_pages() {
+  absl::MutexLock lock(&mu_);
+  return broker_list_pages_;
+}
+
+size_t FakeKubeApi::largest_broker_list_page() {
+  absl::MutexLock lock(&mu_);
+  return largest_broker_list_page_;
+}
+
 json FakeKubeApi::Pod(const std::string& ns, const std::string& name) {
   absl::MutexLock lock(&mu_);
   auto it = pods_.find(absl::StrCat(ns, "/", name));
@@ -197,10 +215,23 @@ HttpResponse FakeKubeApi::HandleLocked(const HttpRequest& request) {
   }
   const std::string& ns = parts[3];
   if (parts.size() == 5) {
+    // labelSelector, and optionally limit and continue (a list in pages:
+    // the token is the offset of the page's first pod).
+    auto query = [&](const std::string& key) {
+      auto it = request.query.find(key);
+      return it == request.query.end() ? std::string() : it->second;
+    };
+    size_t limit = 0;
+    size_t offset = 0;
+    const bool paged = request.query.count("limit") != 0;
+    const bool continued = request.query.count("continue") != 0;
     if (request.method != "GET" || ns != kBrokerNamespace ||
-        request.query.size() != 1 ||
-        request.query.count("labelSelector") == 0 ||
-        request.query.at("labelSelector") != kBrokerSelector) {
+        query("labelSelector") != kBrokerSelector ||
+        request.query.size() != 1u + paged + continued ||
+        (paged && (!absl::SimpleAtoi(query("limit"), &limit) || limit == 0)) ||
+        (continued &&
+         (!paged || !absl::SimpleAtoi(query("continue"), &offset) ||
+          offset == 0 || offset >= brokers_.size()))) {
       return Violation(400, absl::StrCat("unexpected pod list ", request.method,
                                          " ", request.path, " in ", ns));
     }
@@ -208,10 +239,26 @@ HttpResponse FakeKubeApi::HandleLocked(const HttpRequest& request) {
       return {500, "application/json",
               Status(500, "InternalError", "etcd is having a bad day")};
     }
+    if (continued && expire_continue_tokens_ > 0) {
+      --expire_continue_tokens_;
+      return {
+          410, "application/json",
+          Status(410, "Expired", "The provided continue parameter is too old")};
+    }
+    const size_t end =
+        paged ? std::min(brokers_.size(), offset + limit) : brokers_.size();
+    json items = json::array();
+    for (size_t i = offset; i < end; ++i) items.push_back(brokers_[i]);
+    ++broker_list_pages_;
+    largest_broker_list_page_ =
+        std::max(largest_broker_list_page_, end - offset);
     json list = {{"apiVersion", "v1"},
                  {"kind", "PodList"},
                  {"metadata", {{"resourceVersion", "1"}}},
-                 {"items", brokers_}};
+                 {"items", std::move(items)}};
+    if (end < brokers_.size()) {
+      list["metadata"]["continue"] = absl::StrCat(end);
+    }
     return {200, "application/json", list.dump()};
   }
   const std::string& name = parts[5];

@@ -70,6 +70,13 @@ class FakeKubeApi {
   void AddBrokerPod(nlohmann::json pod) ABSL_LOCKS_EXCLUDED(mu_);
   // The broker list answers 500 while set.
   void FailBrokerList(bool fail) ABSL_LOCKS_EXCLUDED(mu_);
+  // The next `n` broker lists that name a continue token answer 410 Gone,
+  // as the API does once the list's resourceVersion has been compacted.
+  void ExpireContinueTokens(int n) ABSL_LOCKS_EXCLUDED(mu_);
+  // How many pages of the broker list were served, and the most pods one
+  // of them held.
+  int broker_list_pages() ABSL_LOCKS_EXCLUDED(mu_);
+  size_t largest_broker_list_page() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The pod as stored now (annotations patched, spec.nodeName bound).
   nlohmann::json Pod(const std::string& ns, const std::string& name)
@@ -105,6 +112,9 @@ class FakeKubeApi {
   // "ns/name" -> v1.Pod.
   std::map<std::string, nlohmann::json> pods_ ABSL_GUARDED_BY(mu_);
   std::vector<nlohmann::json> brokers_ ABSL_GUARDED_BY(mu_);
+  int expire_continue_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int broker_list_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t largest_broker_list_page_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(const HttpRequest&)> hook_ ABSL_GUARDED_BY(mu_);
   int64_t resource_version_ ABSL_GUARDED_BY(mu_) = 1;
   int refuse_bindings_ ABSL_GUARDED_BY(mu_) = 0;
