@@ -201,13 +201,42 @@ class Rig {
     return Post("filter", Args(api_.Pod("serving", pod), nodes));
   }
 
+  static std::string BindingArgs(const json& pod, const std::string& node) {
+    return json{{"PodName", pod["metadata"]["name"]},
+                {"PodNamespace", "serving"},
+                {"PodUID", pod["metadata"]["uid"]},
+                {"Node", node}}
+        .dump();
+  }
+
   HttpResult Bind(const std::string& pod, const std::string& node) {
-    const json stored = api_.Pod("serving", pod);
-    return Post("bind", json{{"PodName", pod},
-                             {"PodNamespace", "serving"},
-                             {"PodUID", stored["metadata"]["uid"]},
-                             {"Node", node}}
-                            .dump());
+    return Post("bind", BindingArgs(api_.Pod("serving", pod), node));
+  }
+
+  // Another replica's bind of `pod` to `node`, run at the first request of
+  // method `step` the API receives, before that request is handled: a bind
+  // landing between the steps of this rig's. Clear the API's hook
+  // (OnRequest(nullptr)) before the race goes.
+  struct RacingBind {
+    std::unique_ptr<Extender> replica;
+    bool ran = false;
+    HttpResponse answer;
+  };
+  std::unique_ptr<RacingBind> RaceABind(const std::string& step,
+                                        const std::string& pod,
+                                        const std::string& node) {
+    auto race = std::make_unique<RacingBind>();
+    race->replica = Replica();
+    HttpRequest bind;
+    bind.method = "POST";
+    bind.path = "/bind";
+    bind.body = BindingArgs(api_.Pod("serving", pod), node);
+    api_.OnRequest([r = race.get(), step, bind](const HttpRequest& request) {
+      if (r->ran || request.method != step) return;
+      r->ran = true;
+      r->answer = r->replica->Handle(bind);
+    });
+    return race;
   }
 
  private:
@@ -513,27 +542,12 @@ TEST(ExtenderBind, TwoBindsOfOnePodAtOnceLeaveTheWinnersReservation) {
     rig.api().AddBroker("node-c", c->port());
     rig.api().AddPod("serving", "llm-x", "uid-llm-x",
                      Asks("kv", "kvbroker.io/blocks", "4"));
-    std::unique_ptr<Extender> replica = rig.Replica();
-    HttpResponse replica_bound;
-    bool ran = false;
-    rig.api().OnRequest([&](const HttpRequest& r) {
-      if (ran || r.method != step) return;
-      ran = true;
-      HttpRequest bind;
-      bind.method = "POST";
-      bind.path = "/bind";
-      bind.body = json{
-          {"PodName", "llm-x"},
-          {"PodNamespace", "serving"},
-          {"PodUID", "uid-llm-x"},
-          {"Node",
-           "node-c"}}.dump();
-      replica_bound = replica->Handle(bind);
-    });
+    std::unique_ptr<Rig::RacingBind> race =
+        rig.RaceABind(step, "llm-x", "node-c");
     HttpResult lost = rig.Bind("llm-x", "node-b");
     rig.api().OnRequest(nullptr);
-    ASSERT_TRUE(ran);
-    EXPECT_EQ(replica_bound.body, R"({"Error":""})");
+    ASSERT_TRUE(race->ran);
+    EXPECT_EQ(race->answer.body, R"({"Error":""})");
     EXPECT_THAT(lost.doc["Error"].get<std::string>(),
                 ::testing::Not(::testing::IsEmpty()));
     EXPECT_EQ(rig.api().Pod("serving", "llm-x")["spec"]["nodeName"], "node-c");
@@ -563,27 +577,12 @@ TEST(ExtenderBind, TwoBindsOfOnePodToOneNodeAtOnceKeepTheirReservation) {
     rig.api().AddBroker("node-b", b->port());
     rig.api().AddPod("serving", "llm-y", "uid-llm-y",
                      Asks("kv", "kvbroker.io/blocks", "4"));
-    std::unique_ptr<Extender> replica = rig.Replica();
-    HttpResponse replica_bound;
-    bool ran = false;
-    rig.api().OnRequest([&](const HttpRequest& r) {
-      if (ran || r.method != step) return;
-      ran = true;
-      HttpRequest bind;
-      bind.method = "POST";
-      bind.path = "/bind";
-      bind.body = json{
-          {"PodName", "llm-y"},
-          {"PodNamespace", "serving"},
-          {"PodUID", "uid-llm-y"},
-          {"Node",
-           "node-b"}}.dump();
-      replica_bound = replica->Handle(bind);
-    });
+    std::unique_ptr<Rig::RacingBind> race =
+        rig.RaceABind(step, "llm-y", "node-b");
     HttpResult second = rig.Bind("llm-y", "node-b");
     rig.api().OnRequest(nullptr);
-    ASSERT_TRUE(ran);
-    EXPECT_EQ(replica_bound.body, R"({"Error":""})");
+    ASSERT_TRUE(race->ran);
+    EXPECT_EQ(race->answer.body, R"({"Error":""})");
     EXPECT_EQ(second.doc, json({{"Error", ""}}));
     EXPECT_EQ(rig.api().Pod("serving", "llm-y")["spec"]["nodeName"], "node-b");
     EXPECT_EQ(rig.api().bindings().size(), 1u);
@@ -599,52 +598,33 @@ TEST(ExtenderBind, TwoBindsOfOnePodToOneNodeAtOnceKeepTheirReservation) {
   }
 }
 
-TEST(ExtenderBind, APodChangedByOthersBeforeItsBindingIsStillBoundOnce) {
-  auto b = StartBroker(kRoomyPools);
-  ASSERT_TRUE(b);
-  Rig rig;
-  rig.api().AddBroker("node-b", b->port());
-  rig.api().AddPod("serving", "llm-t", "uid-llm-t",
-                   Asks("kv", "kvbroker.io/blocks", "4"));
-  int touched = 0;
-  rig.api().OnRequest([&](const HttpRequest& r) {
-    if (r.method == "POST" && touched++ == 0)
-      rig.api().Touch("serving", "llm-t");
-  });
-  EXPECT_EQ(rig.Bind("llm-t", "node-b").doc, json({{"Error", ""}}));
-  rig.api().OnRequest(nullptr);
-  EXPECT_EQ(touched, 2);  // refused once (409), then bound
-  EXPECT_EQ(rig.api().bindings().size(), 1u);
-  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
-  EXPECT_EQ(
-      rig.api().Annotations("serving", "llm-t")[kReservationNodeAnnotation],
-      "node-b");
-}
-
-TEST(ExtenderBind, APodChangedByOthersBeforeItsPatchIsStillBoundOnce) {
-  // Someone else (a label, a controller) changes the pod between bind's
-  // read and its patch: the patch is refused 409, and bind patches again at
-  // the pod's new version instead of giving the reservation up.
-  auto b = StartBroker(kRoomyPools);
-  ASSERT_TRUE(b);
-  Rig rig;
-  rig.api().AddBroker("node-b", b->port());
-  rig.api().AddPod("serving", "llm-u", "uid-llm-u",
-                   Asks("kv", "kvbroker.io/blocks", "4"));
-  int patches = 0;
-  rig.api().OnRequest([&](const HttpRequest& r) {
-    if (r.method == "PATCH" && patches++ == 0)
-      rig.api().Touch("serving", "llm-u");
-  });
-  EXPECT_EQ(rig.Bind("llm-u", "node-b").doc, json({{"Error", ""}}));
-  rig.api().OnRequest(nullptr);
-  EXPECT_EQ(patches, 2);  // refused once (409), then patched
-  EXPECT_EQ(rig.api().bindings().size(), 1u);
-  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
-  std::map<std::string, std::string> annotations =
-      rig.api().Annotations("serving", "llm-u");
-  EXPECT_EQ(annotations[kReservationNodeAnnotation], "node-b");
-  EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
+TEST(ExtenderBind, APodChangedByOthersBetweenItsStepsIsStillBoundOnce) {
+  // Someone else (a label, a controller) changes the pod just before bind's
+  // patch, or just before its Binding: the API refuses that step 409, and
+  // bind takes it again at the pod's new version instead of giving the
+  // reservation up.
+  for (const std::string step : {"PATCH", "POST"}) {
+    SCOPED_TRACE(step);
+    auto b = StartBroker(kRoomyPools);
+    ASSERT_TRUE(b);
+    Rig rig;
+    rig.api().AddBroker("node-b", b->port());
+    rig.api().AddPod("serving", "llm-t", "uid-llm-t",
+                     Asks("kv", "kvbroker.io/blocks", "4"));
+    int seen = 0;
+    rig.api().OnRequest([&](const HttpRequest& r) {
+      if (r.method == step && seen++ == 0) rig.api().Touch("serving", "llm-t");
+    });
+    EXPECT_EQ(rig.Bind("llm-t", "node-b").doc, json({{"Error", ""}}));
+    rig.api().OnRequest(nullptr);
+    EXPECT_EQ(seen, 2);  // refused once (409), then done
+    EXPECT_EQ(rig.api().bindings().size(), 1u);
+    EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+    std::map<std::string, std::string> annotations =
+        rig.api().Annotations("serving", "llm-t");
+    EXPECT_EQ(annotations[kReservationNodeAnnotation], "node-b");
+    EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
+  }
 }
 
 TEST(ExtenderBind, AReleasedBindsCountAtIntMaxIsNotTrusted) {
