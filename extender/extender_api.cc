@@ -4,6 +4,7 @@
 #include "extender/extender_api.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
@@ -29,6 +30,10 @@ const json* FindField(const json& obj, absl::string_view name) {
     if (absl::EqualsIgnoreCase(it.key(), name)) return &it.value();
   }
   return nullptr;
+}
+
+json* FindField(json& obj, absl::string_view name) {
+  return const_cast<json*>(FindField(std::as_const(obj), name));
 }
 
 namespace {
@@ -237,13 +242,13 @@ absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body) {
   }
   ExtenderArgs args;
   // The pod and the nodes are moved out of `doc` (ours), not copied.
-  json* pod = const_cast<json*>(FindField(doc, "Pod"));
+  json* pod = FindField(doc, "Pod");
   if (pod == nullptr || !pod->is_object()) {
     return absl::InvalidArgumentError("ExtenderArgs: Pod is missing");
   }
   args.pod = std::move(*pod);
   const json* names = FindField(doc, "NodeNames");
-  const json* nodes = FindField(doc, "Nodes");
+  json* nodes = FindField(doc, "Nodes");
   if (names != nullptr && !names->is_null()) {
     if (!names->is_array()) {
       return absl::InvalidArgumentError(
@@ -266,7 +271,7 @@ absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body) {
   if (nodes == nullptr || nodes->is_null()) {
     return absl::InvalidArgumentError("ExtenderArgs: give Nodes or NodeNames");
   }
-  const json* items = FindField(*nodes, "items");
+  json* items = FindField(*nodes, "items");
   if (items == nullptr || !(items->is_array() || items->is_null())) {
     return absl::InvalidArgumentError(
         "ExtenderArgs: Nodes must be a v1.NodeList with an items array");
@@ -276,7 +281,7 @@ absl::StatusOr<ExtenderArgs> ParseExtenderArgs(absl::string_view body) {
     return absl::InvalidArgumentError(
         absl::StrCat("ExtenderArgs: more than ", kMaxNodes, " nodes"));
   }
-  for (json& node : const_cast<json&>(*items)) {
+  for (json& node : *items) {
     const json* metadata = FindField(node, "metadata");
     const std::string name =
         metadata != nullptr ? StringField(*metadata, "name") : "";

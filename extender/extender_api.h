@@ -180,6 +180,8 @@ absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text,
 // nullptr when absent or `obj` is not an object.
 const nlohmann::json* FindField(const nlohmann::json& obj,
                                 absl::string_view name);
+// The same in a document the caller owns, for moving parts out of it.
+nlohmann::json* FindField(nlohmann::json& obj, absl::string_view name);
 
 }  // namespace extender
 }  // namespace kvbroker
