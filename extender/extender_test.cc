@@ -132,6 +132,15 @@ v1::CapacitySnapshot Cap(const BrokerProcess& broker, const std::string& pool,
   return s.ok() ? *s : v1::CapacitySnapshot();
 }
 
+// Releases `reservation` of pool "kv" on `broker`: the blocks it held, or
+// -1 (with the broker's refusal reported) when it is not live there.
+int64_t Release(const BrokerProcess& broker, const std::string& reservation) {
+  absl::StatusOr<v1::ReleaseReservationResponse> released =
+      ClientOf(broker)->ReleaseReservation("kv", reservation);
+  EXPECT_TRUE(released.ok()) << released.status();
+  return released.ok() ? released->released_blocks() : -1;
+}
+
 // The extender, in process, against a FakeKubeApi.
 class Rig {
  public:
@@ -512,10 +521,7 @@ TEST(ExtenderBind, AnotherReplicaRetriesAReleasedBindWithoutReplayingIt) {
   // The reservation on the pod is live: releasing it returns 4 blocks.
   const std::string reservation =
       rig.api().Annotations("serving", "llm-r")[kReservationAnnotation];
-  absl::StatusOr<v1::ReleaseReservationResponse> released =
-      ClientOf(*b)->ReleaseReservation("kv", reservation);
-  ASSERT_TRUE(released.ok()) << released.status();
-  EXPECT_EQ(released->released_blocks(), 4);
+  EXPECT_EQ(Release(*b, reservation), 4);
   // Reserve under the id the replica used replays that same reservation.
   ReserveOptions same;
   same.request_id = "uid-llm-r/2";
@@ -557,11 +563,7 @@ TEST(ExtenderBind, TwoBindsOfOnePodAtOnceLeaveTheWinnersReservation) {
     EXPECT_EQ(annotations[kReservationNodeAnnotation], "node-c");
     EXPECT_EQ(Cap(*c, "kv").reserved_blocks(), 4);
     EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
-    absl::StatusOr<v1::ReleaseReservationResponse> released =
-        ClientOf(*c)->ReleaseReservation("kv",
-                                         annotations[kReservationAnnotation]);
-    ASSERT_TRUE(released.ok()) << released.status();
-    EXPECT_EQ(released->released_blocks(), 4);
+    EXPECT_EQ(Release(*c, annotations[kReservationAnnotation]), 4);
   }
 }
 
@@ -590,11 +592,7 @@ TEST(ExtenderBind, TwoBindsOfOnePodToOneNodeAtOnceKeepTheirReservation) {
         rig.api().Annotations("serving", "llm-y");
     EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
     EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
-    absl::StatusOr<v1::ReleaseReservationResponse> released =
-        ClientOf(*b)->ReleaseReservation("kv",
-                                         annotations[kReservationAnnotation]);
-    ASSERT_TRUE(released.ok()) << released.status();
-    EXPECT_EQ(released->released_blocks(), 4);
+    EXPECT_EQ(Release(*b, annotations[kReservationAnnotation]), 4);
   }
 }
 
