@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 
 #include "absl/strings/ascii.h"
@@ -30,8 +31,13 @@ namespace {
 
 struct PendingRequest {
   HttpRequest request;
-  bool too_large = false;
 };
+
+HttpResponse TooLarge() {
+  return {413, "text/plain; charset=utf-8",
+          absl::StrCat("request body over ", HttpServer::kMaxBodyBytes,
+                       " bytes\n")};
+}
 
 MHD_Result CollectHeader(void* cls, MHD_ValueKind /*kind*/, const char* key,
                          const char* value) {
@@ -97,23 +103,27 @@ struct HttpServerCallbacks {
       MHD_get_connection_values(connection, MHD_GET_ARGUMENT_KIND,
                                 &CollectQuery, &pending->request.query);
       *req_cls = pending;
+      // A declared length past the cap is answered before its body is
+      // read: a response queued now makes the library skip the body
+      // (and any "100 Continue") and close the connection after it.
+      uint64_t declared = 0;
+      if (absl::SimpleAtoi(pending->request.Header("content-length"),
+                           &declared) &&
+          declared > HttpServer::kMaxBodyBytes) {
+        return Send(connection, TooLarge());
+      }
       return MHD_YES;
     }
     if (*upload_data_size != 0) {
+      // A chunked body has no declared length; the first byte past the cap
+      // closes the connection, so no client can keep a thread reading.
       if (pending->request.body.size() + *upload_data_size >
           HttpServer::kMaxBodyBytes) {
-        pending->too_large = true;
-      } else {
-        pending->request.body.append(upload_data, *upload_data_size);
+        return MHD_NO;
       }
+      pending->request.body.append(upload_data, *upload_data_size);
       *upload_data_size = 0;
       return MHD_YES;
-    }
-    if (pending->too_large) {
-      return Send(connection,
-                  {413, "text/plain; charset=utf-8",
-                   absl::StrCat("request body over ", HttpServer::kMaxBodyBytes,
-                                " bytes\n")});
     }
     return Send(connection, server->handler_(pending->request));
   }

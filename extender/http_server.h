@@ -5,11 +5,13 @@
 // /healthz and /metrics through it, and the extender's tests run their fake
 // Kubernetes API server on it. Every connection gets its own thread, so a
 // handler may block (the filter waits for its brokers) without holding up
-// other callers. Request bodies are capped (kMaxBodyBytes); a larger body is
-// answered 413 without calling the handler. Connections are bounded
-// (HttpServerOptions::max_connections), and one that sends nothing for
-// idle_timeout is closed, so clients that open connections and stall cannot
-// hold the threads and the connection slots for good.
+// other callers. Request bodies are capped (kMaxBodyBytes): a larger declared
+// length is answered 413 before the body is read, and a chunked body that
+// grows past the cap closes the connection; neither reaches the handler.
+// Connections are bounded (HttpServerOptions::max_connections), and one that
+// sends nothing for idle_timeout is closed, so clients that open connections
+// and stall, or stream without end, cannot hold the threads and the
+// connection slots for good.
 //
 // HTTPS: given a certificate and key (HttpServerOptions), the listener speaks
 // TLS only (GnuTLS, through libmicrohttpd) and a plaintext request gets no

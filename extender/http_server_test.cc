@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -186,6 +187,89 @@ bool ClosedWithin(int fd, absl::Duration limit) {
     if (poll(&p, 1, left_ms) <= 0) return false;
     if (read(fd, buf, sizeof(buf)) <= 0) return true;
   }
+}
+
+// Everything the server sends on `fd` until it closes it or `limit` passes.
+std::string ReadUntilClosed(int fd, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    const int left_ms =
+        static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (left_ms <= 0) return got;
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, left_ms) <= 0) return got;
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) return got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+}
+
+TEST(HttpServer, ADeclaredBodyPastTheCapIsRefusedBeforeItIsSent) {
+  std::atomic<int> handled{0};
+  auto server = HttpServer::Start("127.0.0.1:0", [&](const HttpRequest& r) {
+    ++handled;
+    return Echo(r);
+  });
+  ASSERT_TRUE(server.ok()) << server.status();
+  // The headers alone: the answer must not wait for a body never sent.
+  const int fd = ConnectAndSend(
+      (*server)->port(),
+      absl::StrCat("POST /filter HTTP/1.1\r\nHost: a\r\nContent-Length: ",
+                   HttpServer::kMaxBodyBytes + 1, "\r\n\r\n"));
+  ASSERT_GE(fd, 0);
+  const std::string reply = ReadUntilClosed(fd, absl::Seconds(10));
+  close(fd);
+  EXPECT_THAT(reply, ::testing::StartsWith("HTTP/1.1 413"));
+  EXPECT_THAT(reply, HasSubstr("request body over 16777216 bytes"));
+
+  // curl asks "Expect: 100-continue" for a large body and sends none of it.
+  Reply big = Post(absl::StrCat("http://127.0.0.1:", (*server)->port(), "/f"),
+                   std::string(HttpServer::kMaxBodyBytes + 1, 'x'));
+  EXPECT_EQ(big.result, CURLE_OK) << curl_easy_strerror(big.result);
+  EXPECT_EQ(big.code, 413);
+  EXPECT_EQ(handled.load(), 0);
+
+  // A body of exactly the cap is served.
+  Reply cap = Post(absl::StrCat("http://127.0.0.1:", (*server)->port(), "/f"),
+                   std::string(HttpServer::kMaxBodyBytes, 'y'));
+  EXPECT_EQ(cap.code, 201);
+  EXPECT_EQ(cap.body.size(),
+            HttpServer::kMaxBodyBytes + sizeof("POST /f ") - 1);
+  EXPECT_EQ(handled.load(), 1);
+}
+
+TEST(HttpServer, AChunkedBodyPastTheCapClosesTheConnection) {
+  std::atomic<int> handled{0};
+  HttpServerOptions options;
+  options.idle_timeout = absl::Seconds(30);
+  auto server = HttpServer::Start(
+      "127.0.0.1:0",
+      [&](const HttpRequest& r) {
+        ++handled;
+        return Echo(r);
+      },
+      options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = ConnectAndSend(
+      (*server)->port(),
+      "POST /filter HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n");
+  ASSERT_GE(fd, 0);
+  // Chunks of 1 MiB without end, as long as the server takes them; it
+  // must stop taking them soon after the cap.
+  const std::string chunk =
+      absl::StrCat("100000\r\n", std::string(1 << 20, 'z'), "\r\n");
+  size_t sent = 0;
+  while (sent < 4 * HttpServer::kMaxBodyBytes &&
+         send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) ==
+             static_cast<ssize_t>(chunk.size())) {
+    sent += 1 << 20;
+  }
+  EXPECT_LT(sent, 4 * HttpServer::kMaxBodyBytes);
+  EXPECT_TRUE(ClosedWithin(fd, absl::Seconds(10)));
+  close(fd);
+  EXPECT_EQ(handled.load(), 0);
 }
 
 TEST(HttpServer, AClientThatStopsSendingIsClosedAtTheIdleTimeout) {
