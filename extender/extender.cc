@@ -153,8 +153,24 @@ enum class PodStand {
   kLost,                  // bound elsewhere, or another bind is ahead
 };
 
+// A kvbroker.io/released-binds above this is not the extender's (the pod's
+// author wrote it): it counts as absent, and n + 1 never overflows.
+constexpr int kMaxReleasedBinds = 1000000;
+
+// How many of the pod's binds reserved and then released: request ids
+// "<uid>" and "<uid>/1" .. "<uid>/<n-1>" are spent.
+int ReleasedBindsOn(const PodView& pod) {
+  int n = 0;
+  auto a = pod.annotations.find(kReleasedBindsAnnotation);
+  if (a == pod.annotations.end() || !absl::SimpleAtoi(a->second, &n) || n < 0 ||
+      n > kMaxReleasedBinds) {
+    return 0;
+  }
+  return n;
+}
+
 PodStand StandOf(const PodView& pod, const std::string& node,
-                 const std::string& ours) {
+                 const std::string& ours, int released_binds) {
   auto on_pod = pod.annotations.find(kReservationAnnotation);
   const bool claimed = on_pod != pod.annotations.end();
   const bool is_ours = claimed && on_pod->second == ours;
@@ -164,10 +180,12 @@ PodStand StandOf(const PodView& pod, const std::string& node,
   }
   if (is_ours) return PodStand::kUnboundWithOurs;
   // An unbound pod naming another reservation is another bind between its
-  // patch and its Binding, or a leftover of one whose undo was refused;
-  // either way this attempt gives up, and the scheduler's retry reads the
-  // pod afresh.
-  return claimed ? PodStand::kLost : PodStand::kUnboundUnclaimed;
+  // patch and its Binding, or a leftover of one that could not clear it;
+  // one counting past ours had our reservation given up by an attempt
+  // under our request id. Either way this attempt gives up, and the
+  // scheduler's retry reads the pod afresh.
+  if (claimed || ReleasedBindsOn(pod) > released_binds) return PodStand::kLost;
+  return PodStand::kUnboundUnclaimed;
 }
 
 }  // namespace
@@ -408,26 +426,6 @@ HttpResponse Extender::Prioritize(const std::string& body) {
   return Json(200, EncodeHostPriorityList(scores));
 }
 
-int Extender::ReleasedBinds(const PodView& pod) {
-  int on_pod = 0;
-  auto a = pod.annotations.find(kReleasedBindsAnnotation);
-  if (a != pod.annotations.end() &&
-      (!absl::SimpleAtoi(a->second, &on_pod) || on_pod < 0 ||
-       on_pod > kMaxReleasedBinds)) {
-    on_pod = 0;  // not ours to trust; the count in memory still applies
-  }
-  absl::MutexLock lock(&mu_);
-  auto it = released_pods_.find(pod.uid);
-  return std::max(on_pod, it == released_pods_.end() ? 0 : it->second);
-}
-
-void Extender::NoteReleased(const std::string& uid, int released) {
-  absl::MutexLock lock(&mu_);
-  if (released_pods_.size() >= kMaxReleasedPods) released_pods_.clear();
-  int& n = released_pods_[uid];
-  n = std::max(n, released);
-}
-
 HttpResponse Extender::Bind(const std::string& body) {
   absl::StatusOr<BindingArgs> args = ParseBindingArgs(body);
   if (!args.ok()) return BadRequest(args.status());
@@ -476,9 +474,9 @@ HttpResponse Extender::Bind(const std::string& body) {
     outcome(bound.ok() ? "bound" : "binding_failed");
     return Json(200, EncodeBindingResult(std::string(bound.message())));
   }
-  return Json(
-      200, EncodeBindingResult(BindKvPod(*args, **request, ReleasedBinds(*pod),
-                                         pod->resource_version)));
+  return Json(200, EncodeBindingResult(BindKvPod(*args, **request,
+                                                 ReleasedBindsOn(*pod),
+                                                 pod->resource_version)));
 }
 
 std::string Extender::BindKvPod(const BindingArgs& args,
@@ -538,50 +536,18 @@ std::string Extender::BindKvPod(const BindingArgs& args,
       {kReservationExpiryAnnotation, expiry}};
   if (!pool_uid.empty()) annotations[kPoolUidAnnotation] = pool_uid;
 
-  // Releases the reservation after a failed patch or Binding. With
-  // `clear_annotations`, removes what the patch wrote, but only while the pod
-  // is still at `version` (the patch's result): a pod changed since may
-  // carry another bind's reservation by now.
-  auto undo = [&](const std::string& failed, const absl::Status& why,
-                  bool clear_annotations, const std::string& version) {
-    absl::Status released =
-        client
-            .ReleaseReservation(request.pool, reservation->reservation_id(),
-                                call())
-            .status();
-    if (released.ok()) released_.Increment();
-    // The next attempt, by this replica or another, must not replay the
-    // released reservation: count it on the pod (and here, in case the
-    // API refuses this patch too).
-    NoteReleased(args.pod_uid, released_binds + 1);
-    const std::map<std::string, std::optional<std::string>> count = {
-        {kReleasedBindsAnnotation, absl::StrCat(released_binds + 1)}};
-    std::map<std::string, std::optional<std::string>> undo_patch = count;
-    if (clear_annotations) {
-      for (const auto& [k, v] : annotations) undo_patch[k] = std::nullopt;
-    }
-    absl::StatusOr<nlohmann::json> undone = kube_->PatchPodAnnotations(
-        args.pod_namespace, args.pod_name, undo_patch,
-        clear_annotations ? version : "");
-    if (clear_annotations &&
-        undone.status().code() == absl::StatusCode::kAlreadyExists) {
-      (void)kube_->PatchPodAnnotations(args.pod_namespace, args.pod_name,
-                                       count);
-    }
-    outcome(failed);
-    return absl::StrCat(failed, ": ", why.message(),
-                        released.ok()
-                            ? "; the reservation was released"
-                            : absl::StrCat("; releasing the reservation "
-                                           "failed too (it expires at ",
-                                           expiry, "): ", released.message()));
-  };
-  // The pod again, after a 409.
+  // The pod again, after a 409 or a failure; one under the same name with
+  // another UID is NOT_FOUND (ours was deleted).
   auto reread = [&]() -> absl::StatusOr<PodView> {
     absl::StatusOr<nlohmann::json> again =
         kube_->GetPod(args.pod_namespace, args.pod_name);
     if (!again.ok()) return again.status();
-    return ParsePod(*again);
+    absl::StatusOr<PodView> view = ParsePod(*again);
+    if (view.ok() && view->uid != args.pod_uid) {
+      return absl::NotFoundError(absl::StrCat("pod ", args.pod_namespace, "/",
+                                              args.pod_name, " was replaced"));
+    }
+    return view;
   };
   auto bound_here = [&] {
     outcome(reservation->replayed() ? "bound_replayed" : "bound");
@@ -594,6 +560,71 @@ std::string Extender::BindKvPod(const BindingArgs& args,
                                     call());
     outcome("already_bound");
     return std::string();
+  };
+  // Releases the reservation of a bind that failed.
+  auto release = [&](const std::string& failed, const absl::Status& why) {
+    absl::Status released =
+        client
+            .ReleaseReservation(request.pool, reservation->reservation_id(),
+                                call())
+            .status();
+    if (released.ok()) released_.Increment();
+    outcome(failed);
+    return absl::StrCat(failed, ": ", why.message(),
+                        released.ok()
+                            ? "; the reservation was released"
+                            : absl::StrCat("; releasing the reservation "
+                                           "failed too (it expires at ",
+                                           expiry, "): ", released.message()));
+  };
+  // A failed bind whose pod may still name the reservation keeps it until
+  // it expires; the scheduler's retry replays it.
+  auto keep = [&](const std::string& failed, const absl::Status& why,
+                  const absl::Status& blocker) {
+    outcome(failed);
+    return absl::StrCat(failed, ": ", why.message(),
+                        "; the reservation is kept until ", expiry,
+                        " (the pod may name it: ", blocker.message(),
+                        "), and a retry of this bind uses it again");
+  };
+  // Gives this bind up after a failed patch or Binding (extender.h, "Giving
+  // a bind up"): the pod is read again, and the release is recorded on it
+  // at the version read, together with the removal of our annotations from
+  // an unbound pod that names our reservation, before the reservation is
+  // released.
+  auto give_up = [&](const std::string& failed,
+                     const absl::Status& why) -> std::string {
+    absl::Status conflict;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      absl::StatusOr<PodView> view = reread();
+      // A pod that is gone can be bound by no one.
+      if (view.status().code() == absl::StatusCode::kNotFound) {
+        return release(failed, why);
+      }
+      if (!view.ok()) return keep(failed, why, view.status());
+      const PodStand stand = StandOf(
+          *view, args.node, reservation->reservation_id(), released_binds);
+      if (stand == PodStand::kBoundWithOurs) return bound_here();
+      if (stand == PodStand::kBoundHereWithAnother) return spare();
+      const int on_pod = ReleasedBindsOn(*view);
+      if (stand != PodStand::kUnboundWithOurs && on_pod > released_binds) {
+        return release(failed, why);  // recorded already
+      }
+      std::map<std::string, std::optional<std::string>> record = {
+          {kReleasedBindsAnnotation,
+           absl::StrCat(std::max(on_pod, released_binds + 1))}};
+      if (stand == PodStand::kUnboundWithOurs) {
+        for (const auto& [k, v] : annotations) record[k] = std::nullopt;
+      }
+      absl::StatusOr<nlohmann::json> recorded = kube_->PatchPodAnnotations(
+          args.pod_namespace, args.pod_name, record, view->resource_version);
+      if (recorded.ok()) return release(failed, why);
+      if (recorded.status().code() != absl::StatusCode::kAlreadyExists) {
+        return keep(failed, why, recorded.status());
+      }
+      conflict = recorded.status();  // changed since: read it again
+    }
+    return keep(failed, why, conflict);
   };
 
   // Both steps are conditional on the pod's version: another bind of the
@@ -611,16 +642,16 @@ std::string Extender::BindKvPod(const BindingArgs& args,
     }
     if (patched.status().code() != absl::StatusCode::kAlreadyExists ||
         attempt == 2) {
-      return undo("patch_failed", patched.status(), false, "");
+      return give_up("patch_failed", patched.status());
     }
     absl::StatusOr<PodView> view = reread();
-    if (!view.ok()) return undo("patch_failed", patched.status(), false, "");
-    const PodStand stand =
-        StandOf(*view, args.node, reservation->reservation_id());
+    if (!view.ok()) return give_up("patch_failed", patched.status());
+    const PodStand stand = StandOf(
+        *view, args.node, reservation->reservation_id(), released_binds);
     if (stand == PodStand::kBoundWithOurs) return bound_here();
     if (stand == PodStand::kBoundHereWithAnother) return spare();
     if (stand == PodStand::kLost) {
-      return undo("patch_failed", patched.status(), false, "");
+      return give_up("patch_failed", patched.status());
     }
     version = view->resource_version;
     if (stand == PodStand::kUnboundWithOurs) break;  // patched already
@@ -633,14 +664,14 @@ std::string Extender::BindKvPod(const BindingArgs& args,
     // 409: the pod is bound already, or changed since the patch.
     absl::StatusOr<PodView> view = reread();
     if (!view.ok()) break;
-    const PodStand stand =
-        StandOf(*view, args.node, reservation->reservation_id());
+    const PodStand stand = StandOf(
+        *view, args.node, reservation->reservation_id(), released_binds);
     if (stand == PodStand::kBoundWithOurs) return bound_here();
     if (stand == PodStand::kBoundHereWithAnother) return spare();
     if (stand != PodStand::kUnboundWithOurs || attempt == 2) break;
     version = view->resource_version;  // changed otherwise: bind again
   }
-  if (!bound.ok()) return undo("binding_failed", bound, true, version);
+  if (!bound.ok()) return give_up("binding_failed", bound);
   return bound_here();
 }
 

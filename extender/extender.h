@@ -39,19 +39,25 @@
 // kvbroker.io/reservation-node, kvbroker.io/reservation-expire-time and,
 // when the broker reports one, kvbroker.io/pool-uid; then the pod's
 // Binding is created. The patch is conditional on the resourceVersion the
-// bind read, the Binding on the one the patch left. When the patch or the
-// Binding fails, the reservation is released and the annotations are
-// removed if the pod has not changed since (another bind of the same pod
-// may have put its own there); a 409 reads the pod again first (StandOf in
-// extender.cc), since a bind under the same request id shares the
-// reservation. A retried bind
-// is idempotent: Reserve with the same request_id replays the first
+// bind read, the Binding on the one the patch left; a 409 reads the pod
+// again (StandOf in extender.cc), since a bind under the same request id
+// (a retry, another replica) shares the reservation. A retried bind is
+// idempotent: Reserve with the same request_id replays the first
 // reservation, the patch writes the same values, and a pod already bound to
-// that node is success. After a bind that failed and released, the next
-// attempt for the same pod uses request_id "<uid>/<n>" so that it does not
-// replay the released reservation; n is kept on the pod
-// (kvbroker.io/released-binds), so any replica, or the same one after a
-// restart, continues the count.
+// that node is success.
+//
+// Giving a bind up. A reservation is released only after the pod records
+// the release: kvbroker.io/released-binds = n + 1 for request id n ("<uid>"
+// is 0, "<uid>/<n>" after n releases), written on condition of a version at
+// which the pod does not name the reservation, or together with the removal
+// of our annotations from the unbound pod that does. Every Binding is
+// conditional on a version at which its bind saw the pod name the
+// reservation, and a bind that finds the pod unclaimed with a count past its
+// own n gives up, so no Binding can use a released reservation. A pod found
+// bound here naming it is success (the other bind got there). A pod that
+// cannot be read or written keeps the reservation until it expires; the
+// scheduler's retry replays it. The count lives only on the pod, so any
+// replica, or the same one after a restart, continues it.
 //
 // HTTP (Handle): POST /filter, /prioritize, /bind; GET /healthz (200 while
 // serving), /readyz (200 once the broker pods have been listed), /metrics
@@ -73,10 +79,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "extender/broker_directory.h"
 #include "extender/extender_api.h"
@@ -149,11 +152,6 @@ class Extender {
   static NodeCheck Verdict(const KvRequest& request, const grpc::Status& status,
                            const v1::CapacityResponse& capacity,
                            const v1::GetPoolResponse& pool);
-  // How many of the pod's binds reserved and then released: the larger of
-  // its kvbroker.io/released-binds annotation and this process's count.
-  int ReleasedBinds(const PodView& pod) ABSL_LOCKS_EXCLUDED(mu_);
-  void NoteReleased(const std::string& uid, int released_binds)
-      ABSL_LOCKS_EXCLUDED(mu_);
   // Bind's steps after the pod was read (at `resource_version`); returns
   // the protocol error ("" = bound). Reserve's request id is the pod's UID,
   // "<uid>/<n>" after n released binds.
@@ -174,15 +172,6 @@ class Extender {
   prometheus::Counter& released_;
   prometheus::Family<prometheus::Gauge>& brokers_;
 
-  absl::Mutex mu_;
-  // Pods whose bind reserved and then released: how many times, for when
-  // the pod's annotation could not be written. Bounded by kMaxReleasedPods
-  // (cleared when full: the annotation still counts).
-  static constexpr size_t kMaxReleasedPods = 100000;
-  // A kvbroker.io/released-binds above this is not the extender's (the
-  // pod's author wrote it): it counts as absent, and n + 1 never overflows.
-  static constexpr int kMaxReleasedBinds = 1000000;
-  absl::flat_hash_map<std::string, int> released_pods_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace extender

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -38,6 +39,7 @@ namespace extender {
 namespace {
 
 using ::nlohmann::json;
+using ::testing::AllOf;
 using testing::BrokerProcess;
 using testing::FakeKubeApi;
 using ::testing::HasSubstr;
@@ -231,20 +233,25 @@ class Rig {
     bool ran = false;
     HttpResponse answer;
   };
+  // `then`, if any, runs after the racing bind, before this rig's request
+  // is handled.
   std::unique_ptr<RacingBind> RaceABind(const std::string& step,
                                         const std::string& pod,
-                                        const std::string& node) {
+                                        const std::string& node,
+                                        std::function<void()> then = nullptr) {
     auto race = std::make_unique<RacingBind>();
     race->replica = Replica();
     HttpRequest bind;
     bind.method = "POST";
     bind.path = "/bind";
     bind.body = BindingArgs(api_.Pod("serving", pod), node);
-    api_.OnRequest([r = race.get(), step, bind](const HttpRequest& request) {
-      if (r->ran || request.method != step) return;
-      r->ran = true;
-      r->answer = r->replica->Handle(bind);
-    });
+    api_.OnRequest(
+        [r = race.get(), step, bind, then](const HttpRequest& request) {
+          if (r->ran || request.method != step) return;
+          r->ran = true;
+          r->answer = r->replica->Handle(bind);
+          if (then) then();
+        });
     return race;
   }
 
@@ -596,6 +603,114 @@ TEST(ExtenderBind, TwoBindsOfOnePodToOneNodeAtOnceKeepTheirReservation) {
   }
 }
 
+TEST(ExtenderBind, AStepThatFailsAfterAnotherBindBoundThePodKeepsTheirShare) {
+  // Replica B binds the pod to the same node (the same request id: the
+  // same reservation) while A is between its steps, and then A's own step
+  // fails for another reason than a conflict (the API answers 500). A must
+  // not release the reservation the bound pod names: it reads the pod,
+  // finds it bound here with that reservation, and succeeds.
+  for (const std::string step : {"PATCH", "POST"}) {
+    SCOPED_TRACE(step);
+    auto b = StartBroker(kRoomyPools);
+    ASSERT_TRUE(b);
+    Rig rig;
+    rig.api().AddBroker("node-b", b->port());
+    rig.api().AddPod("serving", "llm-z", "uid-llm-z",
+                     Asks("kv", "kvbroker.io/blocks", "4"));
+    std::unique_ptr<Rig::RacingBind> race =
+        rig.RaceABind(step, "llm-z", "node-b", [&rig, step] {
+          if (step == "PATCH") rig.api().RefusePatches(500);
+          if (step == "POST") rig.api().RefuseBindings(500);
+        });
+    HttpResult a = rig.Bind("llm-z", "node-b");
+    rig.api().OnRequest(nullptr);
+    ASSERT_TRUE(race->ran);
+    EXPECT_EQ(race->answer.body, R"({"Error":""})");
+    EXPECT_EQ(a.doc, json({{"Error", ""}})) << a.body;
+    EXPECT_EQ(rig.api().Pod("serving", "llm-z")["spec"]["nodeName"], "node-b");
+    EXPECT_EQ(rig.api().bindings().size(), 1u);
+    std::map<std::string, std::string> annotations =
+        rig.api().Annotations("serving", "llm-z");
+    EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
+    EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+    EXPECT_EQ(Release(*b, annotations[kReservationAnnotation]), 4);
+  }
+}
+
+TEST(ExtenderBind, ABindThatFindsItsReservationGivenUpDoesNotBindWithIt) {
+  // Replica B, under the same request id (so holding the same reservation),
+  // runs its whole bind just before A's patch: B patches, its Binding fails
+  // (500), and B gives the reservation up, recording the release on the pod.
+  // A's patch is then refused 409 and A reads an unclaimed pod: it must not
+  // patch the released reservation on and bind it.
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  Rig rig;
+  rig.api().AddBroker("node-b", b->port());
+  rig.api().AddPod("serving", "llm-g", "uid-llm-g",
+                   Asks("kv", "kvbroker.io/blocks", "4"));
+  rig.api().RefuseBindings(500);
+  std::unique_ptr<Rig::RacingBind> race = rig.RaceABind(
+      "PATCH", "llm-g", "node-b", [&rig] { rig.api().RefuseBindings(0); });
+  HttpResult a = rig.Bind("llm-g", "node-b");
+  rig.api().OnRequest(nullptr);
+  ASSERT_TRUE(race->ran);
+  EXPECT_THAT(race->answer.body,
+              HasSubstr("binding refused; the reservation was released"));
+  EXPECT_THAT(a.doc["Error"].get<std::string>(), StartsWith("patch_failed: "));
+  EXPECT_TRUE(rig.api().bindings().empty());
+  std::map<std::string, std::string> annotations =
+      rig.api().Annotations("serving", "llm-g");
+  EXPECT_EQ(annotations.count(kReservationAnnotation), 0u);
+  EXPECT_EQ(annotations[kReleasedBindsAnnotation], "1");
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
+
+  // The scheduler's retry takes a new reservation.
+  EXPECT_EQ(rig.Bind("llm-g", "node-b").doc, json({{"Error", ""}}));
+  annotations = rig.api().Annotations("serving", "llm-g");
+  EXPECT_EQ(Release(*b, annotations[kReservationAnnotation]), 4);
+}
+
+TEST(ExtenderBind, AFailedBindThatCannotReadItsPodKeepsTheReservation) {
+  // The Binding fails and the pod cannot be read again: it may name the
+  // reservation (another bind under the same id may bind it yet), so the
+  // reservation is kept until it expires, and the retry binds with it.
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  Rig rig;
+  rig.api().AddBroker("node-b", b->port());
+  rig.api().AddPod("serving", "llm-k", "uid-llm-k",
+                   Asks("kv", "kvbroker.io/blocks", "4"));
+  rig.api().RefuseBindings(500);
+  rig.api().OnRequest([&rig](const HttpRequest& r) {
+    if (r.method == "POST") rig.api().RefusePodReads(503);
+  });
+  HttpResult failed = rig.Bind("llm-k", "node-b");
+  rig.api().OnRequest(nullptr);
+  EXPECT_THAT(failed.doc["Error"].get<std::string>(),
+              AllOf(StartsWith("binding_failed: POST /api/v1/namespaces/"
+                               "serving/pods/llm-k/binding: HTTP 500: "
+                               "binding refused; the reservation is kept "
+                               "until "),
+                    HasSubstr("HTTP 503: read refused"),
+                    HasSubstr("a retry of this bind uses it again")));
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+  const std::string reservation =
+      rig.api().Annotations("serving", "llm-k")[kReservationAnnotation];
+  EXPECT_FALSE(reservation.empty());
+
+  rig.api().RefuseBindings(0);
+  rig.api().RefusePodReads(0);
+  EXPECT_EQ(rig.Bind("llm-k", "node-b").doc, json({{"Error", ""}}));
+  EXPECT_EQ(rig.api().bindings().size(), 1u);
+  std::map<std::string, std::string> annotations =
+      rig.api().Annotations("serving", "llm-k");
+  EXPECT_EQ(annotations[kReservationAnnotation], reservation);
+  EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+  EXPECT_EQ(Release(*b, reservation), 4);
+}
+
 TEST(ExtenderBind, APodChangedByOthersBetweenItsStepsIsStillBoundOnce) {
   // Someone else (a label, a controller) changes the pod just before bind's
   // patch, or just before its Binding: the API refuses that step 409, and
@@ -644,20 +759,46 @@ TEST(ExtenderBind, AReleasedBindsCountAtIntMaxIsNotTrusted) {
   EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
 }
 
-TEST(ExtenderBind, AFailedPatchReleasesItsReservation) {
+TEST(ExtenderBind, AFailedPatchReleasesOnlyOnceThePodRecordsTheRelease) {
   auto b = StartBroker(kRoomyPools);
   ASSERT_TRUE(b);
   Rig rig;
   rig.api().AddBroker("node-b", b->port());
   rig.api().AddPod("serving", "llm-4", "uid-llm-4",
                    Asks("kv", "kvbroker.io/blocks", "2"));
-  rig.api().RefusePatches(503);
+  // The API refuses the bind's patch (503) and takes the next one: the
+  // release is recorded on the pod, then made.
+  int patches = 0;
+  rig.api().OnRequest([&](const HttpRequest& r) {
+    if (r.method == "PATCH") rig.api().RefusePatches(patches++ == 0 ? 503 : 0);
+  });
   HttpResult failed = rig.Bind("llm-4", "node-b");
-  EXPECT_THAT(failed.doc["Error"].get<std::string>(),
-              StartsWith("patch_failed: PATCH /api/v1/namespaces/serving/pods/"
-                         "llm-4: HTTP 503: patch refused"));
+  rig.api().OnRequest(nullptr);
+  EXPECT_EQ(failed.doc["Error"],
+            "patch_failed: PATCH /api/v1/namespaces/serving/pods/llm-4: HTTP "
+            "503: patch refused; the reservation was released");
   EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
   EXPECT_TRUE(rig.api().bindings().empty());
+  std::map<std::string, std::string> annotations =
+      rig.api().Annotations("serving", "llm-4");
+  EXPECT_EQ(annotations[kReleasedBindsAnnotation], "1");
+  EXPECT_EQ(annotations.count(kReservationAnnotation), 0u);
+
+  // While the API refuses every patch the release cannot be recorded, and
+  // a bind that replayed it could be handed a released reservation: it is
+  // kept until it expires, and the retry binds with it.
+  rig.api().RefusePatches(503);
+  EXPECT_THAT(rig.Bind("llm-4", "node-b").doc["Error"].get<std::string>(),
+              AllOf(StartsWith("patch_failed: "),
+                    HasSubstr("; the reservation is kept until ")));
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 2);
+  rig.api().RefusePatches(0);
+  EXPECT_EQ(rig.Bind("llm-4", "node-b").doc, json({{"Error", ""}}));
+  ASSERT_EQ(rig.api().bindings().size(), 1u);
+  annotations = rig.api().Annotations("serving", "llm-4");
+  EXPECT_EQ(annotations[kReleasedBindsAnnotation], "1");
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 2);
+  EXPECT_EQ(Release(*b, annotations[kReservationAnnotation]), 2);
 }
 
 TEST(ExtenderBind, ARefusedReserveBindsNothing) {

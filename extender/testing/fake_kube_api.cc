@@ -160,6 +160,11 @@ void FakeKubeApi::RefusePatches(int code) {
   refuse_patches_ = code;
 }
 
+void FakeKubeApi::RefusePodReads(int code) {
+  absl::MutexLock lock(&mu_);
+  refuse_pod_reads_ = code;
+}
+
 std::vector<RecordedBinding> FakeKubeApi::bindings() {
   absl::MutexLock lock(&mu_);
   return bindings_;
@@ -270,6 +275,10 @@ HttpResponse FakeKubeApi::HandleLocked(const HttpRequest& request) {
   }
   if (parts.size() == 6 && request.method == "GET") {
     if (!request.body.empty()) return Violation(400, "GET with a body");
+    if (refuse_pod_reads_ != 0) {
+      return {refuse_pod_reads_, "application/json",
+              Status(refuse_pod_reads_, "InternalError", "read refused")};
+    }
     return {200, "application/json", pod->second.dump()};
   }
   if (parts.size() == 6 && request.method == "PATCH") {

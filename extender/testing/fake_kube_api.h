@@ -93,6 +93,8 @@ class FakeKubeApi {
   // Answer Binding requests with this HTTP status (0: normally).
   void RefuseBindings(int code) ABSL_LOCKS_EXCLUDED(mu_);
   void RefusePatches(int code) ABSL_LOCKS_EXCLUDED(mu_);
+  // Answer reads of one pod (GET .../pods/{name}) with this status.
+  void RefusePodReads(int code) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::vector<RecordedBinding> bindings() ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<RecordedPatch> patches() ABSL_LOCKS_EXCLUDED(mu_);
@@ -119,6 +121,7 @@ class FakeKubeApi {
   int64_t resource_version_ ABSL_GUARDED_BY(mu_) = 1;
   int refuse_bindings_ ABSL_GUARDED_BY(mu_) = 0;
   int refuse_patches_ ABSL_GUARDED_BY(mu_) = 0;
+  int refuse_pod_reads_ ABSL_GUARDED_BY(mu_) = 0;
   bool fail_broker_list_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<RecordedBinding> bindings_ ABSL_GUARDED_BY(mu_);
   std::vector<RecordedPatch> patches_ ABSL_GUARDED_BY(mu_);
