@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "client/kvbroker_client.h"
 #include "extender/extender.h"
 #include "extender/extender_api.h"
@@ -22,6 +23,7 @@ namespace {
 using ::nlohmann::json;
 using ::testing::AllOf;
 using testing::Asks;
+using testing::BrokerProcess;
 using testing::Cap;
 using testing::ClientOf;
 using ::testing::HasSubstr;
@@ -36,13 +38,36 @@ using ::testing::StartsWith;
 // ===========================================================================
 // Bind: retries and failures.
 
-TEST(ExtenderBind, ARetriedBindIsIdempotent) {
-  auto b = StartBroker(kRoomyPools);
-  ASSERT_TRUE(b);
-  Rig rig;
+// node-b's broker (kRoomyPools), known to `rig`, and pod `pod` (UID
+// "uid-<pod>") asking `blocks` blocks of pool "kv"; null (the test failed)
+// when the broker would not start.
+std::unique_ptr<BrokerProcess> NodeBWithPod(Rig& rig, const std::string& pod,
+                                            const std::string& blocks = "4") {
+  std::unique_ptr<BrokerProcess> b = StartBroker(kRoomyPools);
+  if (b == nullptr) return nullptr;
   rig.api().AddBroker("node-b", b->port());
-  rig.api().AddPod("serving", "llm-1", "uid-llm-1",
-                   Asks("kv", "kvbroker.io/blocks", "4"));
+  rig.api().AddPod("serving", pod, absl::StrCat("uid-", pod),
+                   Asks("kv", "kvbroker.io/blocks", blocks));
+  return b;
+}
+
+// `pod` is bound once, no bind of it released a reservation, and the
+// reservation it names is live on `broker` with `blocks` blocks (released
+// here, so that the broker ends the test holding nothing).
+void ExpectBoundOnceHolding(Rig& rig, const BrokerProcess& broker,
+                            const std::string& pod, int64_t blocks) {
+  EXPECT_EQ(rig.api().bindings().size(), 1u);
+  std::map<std::string, std::string> annotations =
+      rig.api().Annotations("serving", pod);
+  EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
+  EXPECT_EQ(Cap(broker, "kv").reserved_blocks(), blocks);
+  EXPECT_EQ(Release(broker, annotations[kReservationAnnotation]), blocks);
+}
+
+TEST(ExtenderBind, ARetriedBindIsIdempotent) {
+  Rig rig;
+  auto b = NodeBWithPod(rig, "llm-1");
+  ASSERT_TRUE(b);
   ASSERT_EQ(rig.Bind("llm-1", "node-b").doc, json({{"Error", ""}}));
   const std::string reservation =
       rig.api().Annotations("serving", "llm-1").at(kReservationAnnotation);
@@ -82,12 +107,9 @@ TEST(ExtenderBind, AReplayedReserveReturnsTheSameReservation) {
 }
 
 TEST(ExtenderBind, AFailedBindingReleasesItsReservation) {
-  auto b = StartBroker(kRoomyPools);
-  ASSERT_TRUE(b);
   Rig rig;
-  rig.api().AddBroker("node-b", b->port());
-  rig.api().AddPod("serving", "llm-3", "uid-llm-3",
-                   Asks("kv", "kvbroker.io/blocks", "4"));
+  auto b = NodeBWithPod(rig, "llm-3");
+  ASSERT_TRUE(b);
   rig.api().RefuseBindings(500);
   HttpResult failed = rig.Bind("llm-3", "node-b");
   ASSERT_EQ(failed.code, 200) << failed.body;
@@ -121,12 +143,9 @@ TEST(ExtenderBind, AFailedBindingReleasesItsReservation) {
 }
 
 TEST(ExtenderBind, AnotherReplicaRetriesAReleasedBindWithoutReplayingIt) {
-  auto b = StartBroker(kRoomyPools);
-  ASSERT_TRUE(b);
   Rig rig;
-  rig.api().AddBroker("node-b", b->port());
-  rig.api().AddPod("serving", "llm-r", "uid-llm-r",
-                   Asks("kv", "kvbroker.io/blocks", "4"));
+  auto b = NodeBWithPod(rig, "llm-r");
+  ASSERT_TRUE(b);
   // Two binds fail on the first replica: two reservations made and released.
   rig.api().RefuseBindings(500);
   for (int i = 0; i < 2; ++i) {
@@ -211,12 +230,9 @@ TEST(ExtenderBind, TwoBindsOfOnePodToOneNodeAtOnceKeepTheirReservation) {
   // two binds share one reservation, and neither may release it.
   for (const std::string step : {"PATCH", "POST"}) {
     SCOPED_TRACE(step);
-    auto b = StartBroker(kRoomyPools);
-    ASSERT_TRUE(b);
     Rig rig;
-    rig.api().AddBroker("node-b", b->port());
-    rig.api().AddPod("serving", "llm-y", "uid-llm-y",
-                     Asks("kv", "kvbroker.io/blocks", "4"));
+    auto b = NodeBWithPod(rig, "llm-y");
+    ASSERT_TRUE(b);
     std::unique_ptr<Rig::RacingBind> race =
         rig.RaceABind(step, "llm-y", "node-b");
     HttpResult second = rig.Bind("llm-y", "node-b");
@@ -225,12 +241,7 @@ TEST(ExtenderBind, TwoBindsOfOnePodToOneNodeAtOnceKeepTheirReservation) {
     EXPECT_EQ(race->answer.body, R"({"Error":""})");
     EXPECT_EQ(second.doc, json({{"Error", ""}}));
     EXPECT_EQ(rig.api().Pod("serving", "llm-y")["spec"]["nodeName"], "node-b");
-    EXPECT_EQ(rig.api().bindings().size(), 1u);
-    std::map<std::string, std::string> annotations =
-        rig.api().Annotations("serving", "llm-y");
-    EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
-    EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
-    EXPECT_EQ(Release(*b, annotations[kReservationAnnotation]), 4);
+    ExpectBoundOnceHolding(rig, *b, "llm-y", 4);
   }
 }
 
@@ -242,12 +253,9 @@ TEST(ExtenderBind, AStepThatFailsAfterAnotherBindBoundThePodKeepsTheirShare) {
   // finds it bound here with that reservation, and succeeds.
   for (const std::string step : {"PATCH", "POST"}) {
     SCOPED_TRACE(step);
-    auto b = StartBroker(kRoomyPools);
-    ASSERT_TRUE(b);
     Rig rig;
-    rig.api().AddBroker("node-b", b->port());
-    rig.api().AddPod("serving", "llm-z", "uid-llm-z",
-                     Asks("kv", "kvbroker.io/blocks", "4"));
+    auto b = NodeBWithPod(rig, "llm-z");
+    ASSERT_TRUE(b);
     std::unique_ptr<Rig::RacingBind> race =
         rig.RaceABind(step, "llm-z", "node-b", [&rig, step] {
           if (step == "PATCH") rig.api().RefusePatches(500);
@@ -259,12 +267,7 @@ TEST(ExtenderBind, AStepThatFailsAfterAnotherBindBoundThePodKeepsTheirShare) {
     EXPECT_EQ(race->answer.body, R"({"Error":""})");
     EXPECT_EQ(a.doc, json({{"Error", ""}})) << a.body;
     EXPECT_EQ(rig.api().Pod("serving", "llm-z")["spec"]["nodeName"], "node-b");
-    EXPECT_EQ(rig.api().bindings().size(), 1u);
-    std::map<std::string, std::string> annotations =
-        rig.api().Annotations("serving", "llm-z");
-    EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
-    EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
-    EXPECT_EQ(Release(*b, annotations[kReservationAnnotation]), 4);
+    ExpectBoundOnceHolding(rig, *b, "llm-z", 4);
   }
 }
 
@@ -274,12 +277,9 @@ TEST(ExtenderBind, ABindThatFindsItsReservationGivenUpDoesNotBindWithIt) {
   // (500), and B gives the reservation up, recording the release on the pod.
   // A's patch is then refused 409 and A reads an unclaimed pod: it must not
   // patch the released reservation on and bind it.
-  auto b = StartBroker(kRoomyPools);
-  ASSERT_TRUE(b);
   Rig rig;
-  rig.api().AddBroker("node-b", b->port());
-  rig.api().AddPod("serving", "llm-g", "uid-llm-g",
-                   Asks("kv", "kvbroker.io/blocks", "4"));
+  auto b = NodeBWithPod(rig, "llm-g");
+  ASSERT_TRUE(b);
   rig.api().RefuseBindings(500);
   std::unique_ptr<Rig::RacingBind> race = rig.RaceABind(
       "PATCH", "llm-g", "node-b", [&rig] { rig.api().RefuseBindings(0); });
@@ -306,12 +306,9 @@ TEST(ExtenderBind, AFailedBindThatCannotReadItsPodKeepsTheReservation) {
   // The Binding fails and the pod cannot be read again: it may name the
   // reservation (another bind under the same id may bind it yet), so the
   // reservation is kept until it expires, and the retry binds with it.
-  auto b = StartBroker(kRoomyPools);
-  ASSERT_TRUE(b);
   Rig rig;
-  rig.api().AddBroker("node-b", b->port());
-  rig.api().AddPod("serving", "llm-k", "uid-llm-k",
-                   Asks("kv", "kvbroker.io/blocks", "4"));
+  auto b = NodeBWithPod(rig, "llm-k");
+  ASSERT_TRUE(b);
   rig.api().RefuseBindings(500);
   rig.api().OnRequest([&rig](const HttpRequest& r) {
     if (r.method == "POST") rig.api().RefusePodReads(503);
@@ -333,13 +330,9 @@ TEST(ExtenderBind, AFailedBindThatCannotReadItsPodKeepsTheReservation) {
   rig.api().RefuseBindings(0);
   rig.api().RefusePodReads(0);
   EXPECT_EQ(rig.Bind("llm-k", "node-b").doc, json({{"Error", ""}}));
-  EXPECT_EQ(rig.api().bindings().size(), 1u);
-  std::map<std::string, std::string> annotations =
-      rig.api().Annotations("serving", "llm-k");
-  EXPECT_EQ(annotations[kReservationAnnotation], reservation);
-  EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
-  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
-  EXPECT_EQ(Release(*b, reservation), 4);
+  EXPECT_EQ(rig.api().Annotations("serving", "llm-k")[kReservationAnnotation],
+            reservation);
+  ExpectBoundOnceHolding(rig, *b, "llm-k", 4);
 }
 
 TEST(ExtenderBind, APodChangedByOthersBetweenItsStepsIsStillBoundOnce) {
@@ -349,12 +342,9 @@ TEST(ExtenderBind, APodChangedByOthersBetweenItsStepsIsStillBoundOnce) {
   // reservation up.
   for (const std::string step : {"PATCH", "POST"}) {
     SCOPED_TRACE(step);
-    auto b = StartBroker(kRoomyPools);
-    ASSERT_TRUE(b);
     Rig rig;
-    rig.api().AddBroker("node-b", b->port());
-    rig.api().AddPod("serving", "llm-t", "uid-llm-t",
-                     Asks("kv", "kvbroker.io/blocks", "4"));
+    auto b = NodeBWithPod(rig, "llm-t");
+    ASSERT_TRUE(b);
     int seen = 0;
     rig.api().OnRequest([&](const HttpRequest& r) {
       if (r.method == step && seen++ == 0) rig.api().Touch("serving", "llm-t");
@@ -362,12 +352,10 @@ TEST(ExtenderBind, APodChangedByOthersBetweenItsStepsIsStillBoundOnce) {
     EXPECT_EQ(rig.Bind("llm-t", "node-b").doc, json({{"Error", ""}}));
     rig.api().OnRequest(nullptr);
     EXPECT_EQ(seen, 2);  // refused once (409), then done
-    EXPECT_EQ(rig.api().bindings().size(), 1u);
-    EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
-    std::map<std::string, std::string> annotations =
-        rig.api().Annotations("serving", "llm-t");
-    EXPECT_EQ(annotations[kReservationNodeAnnotation], "node-b");
-    EXPECT_EQ(annotations.count(kReleasedBindsAnnotation), 0u);
+    EXPECT_EQ(
+        rig.api().Annotations("serving", "llm-t")[kReservationNodeAnnotation],
+        "node-b");
+    ExpectBoundOnceHolding(rig, *b, "llm-t", 4);
   }
 }
 
@@ -391,12 +379,9 @@ TEST(ExtenderBind, AReleasedBindsCountAtIntMaxIsNotTrusted) {
 }
 
 TEST(ExtenderBind, AFailedPatchReleasesOnlyOnceThePodRecordsTheRelease) {
-  auto b = StartBroker(kRoomyPools);
-  ASSERT_TRUE(b);
   Rig rig;
-  rig.api().AddBroker("node-b", b->port());
-  rig.api().AddPod("serving", "llm-4", "uid-llm-4",
-                   Asks("kv", "kvbroker.io/blocks", "2"));
+  auto b = NodeBWithPod(rig, "llm-4", "2");
+  ASSERT_TRUE(b);
   // The API refuses the bind's patch (503) and takes the next one: the
   // release is recorded on the pod, then made.
   int patches = 0;
