@@ -10,6 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -141,7 +144,8 @@ HttpResponse BadRequest(const absl::Status& status) {
 }
 
 // Where a pod stands when read again after the API refused bind's patch or
-// Binding with 409, for a bind holding reservation `ours` on `node`. Two
+// Binding with 409, or after a failure, for a bind holding reservation
+// `ours` on `node`. Two
 // attempts under the same request id (a retry, another replica) hold the
 // same reservation, so a pod naming `ours` may have been patched or bound
 // by the other one.
@@ -169,11 +173,21 @@ int ReleasedBindsOn(const PodView& pod) {
   return n;
 }
 
+// `ours` is what this bind writes: the reservation, its node and, when the
+// broker reports one, the pool's uid. Reservation ids are a broker's own
+// (two brokers, or one before and after a restart, may hand out the same
+// one), so a pod names ours only when all of them match.
 PodStand StandOf(const PodView& pod, const std::string& node,
-                 const std::string& ours, int released_binds) {
-  auto on_pod = pod.annotations.find(kReservationAnnotation);
-  const bool claimed = on_pod != pod.annotations.end();
-  const bool is_ours = claimed && on_pod->second == ours;
+                 const std::map<std::string, std::optional<std::string>>& ours,
+                 int released_binds) {
+  const bool claimed = pod.annotations.count(kReservationAnnotation) != 0;
+  bool is_ours = claimed;
+  for (const auto& [key, value] : ours) {
+    auto on_pod = pod.annotations.find(key);
+    if (on_pod == pod.annotations.end() || on_pod->second != value) {
+      is_ours = false;
+    }
+  }
   if (!pod.node_name.empty()) {
     if (pod.node_name != node || !claimed) return PodStand::kLost;
     return is_ours ? PodStand::kBoundWithOurs : PodStand::kBoundHereWithAnother;
@@ -602,8 +616,8 @@ std::string Extender::BindKvPod(const BindingArgs& args,
         return release(failed, why);
       }
       if (!view.ok()) return keep(failed, why, view.status());
-      const PodStand stand = StandOf(
-          *view, args.node, reservation->reservation_id(), released_binds);
+      const PodStand stand =
+          StandOf(*view, args.node, annotations, released_binds);
       if (stand == PodStand::kBoundWithOurs) return bound_here();
       if (stand == PodStand::kBoundHereWithAnother) return spare();
       const int on_pod = ReleasedBindsOn(*view);
@@ -646,8 +660,8 @@ std::string Extender::BindKvPod(const BindingArgs& args,
     }
     absl::StatusOr<PodView> view = reread();
     if (!view.ok()) return give_up("patch_failed", patched.status());
-    const PodStand stand = StandOf(
-        *view, args.node, reservation->reservation_id(), released_binds);
+    const PodStand stand =
+        StandOf(*view, args.node, annotations, released_binds);
     if (stand == PodStand::kBoundWithOurs) return bound_here();
     if (stand == PodStand::kBoundHereWithAnother) return spare();
     if (stand == PodStand::kLost) {
@@ -664,8 +678,8 @@ std::string Extender::BindKvPod(const BindingArgs& args,
     // 409: the pod is bound already, or changed since the patch.
     absl::StatusOr<PodView> view = reread();
     if (!view.ok()) break;
-    const PodStand stand = StandOf(
-        *view, args.node, reservation->reservation_id(), released_binds);
+    const PodStand stand =
+        StandOf(*view, args.node, annotations, released_binds);
     if (stand == PodStand::kBoundWithOurs) return bound_here();
     if (stand == PodStand::kBoundHereWithAnother) return spare();
     if (stand != PodStand::kUnboundWithOurs || attempt == 2) break;

@@ -165,6 +165,12 @@ void FakeKubeApi::RefusePodReads(int code) {
   refuse_pod_reads_ = code;
 }
 
+void FakeKubeApi::FailPodRequestsAtRandom(double chance, uint64_t seed) {
+  absl::MutexLock lock(&mu_);
+  fail_chance_ = chance;
+  random_.seed(seed);
+}
+
 std::vector<RecordedBinding> FakeKubeApi::bindings() {
   absl::MutexLock lock(&mu_);
   return bindings_;
@@ -199,6 +205,15 @@ HttpResponse FakeKubeApi::Handle(const HttpRequest& request) {
   if (hook) hook(request);
   absl::MutexLock lock(&mu_);
   requests_.push_back(absl::StrCat(request.method, " ", request.path));
+  if (fail_chance_ > 0 && absl::StrContains(request.path, "/pods/") &&
+      std::bernoulli_distribution(fail_chance_)(random_)) {
+    const bool after =
+        request.method != "GET" && std::bernoulli_distribution(0.5)(random_);
+    if (after) (void)HandleLocked(request);
+    return {500, "application/json",
+            Status(500, "InternalError",
+                   after ? "lost the answer after the change" : "failed")};
+  }
   return HandleLocked(request);
 }
 

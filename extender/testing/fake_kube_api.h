@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,12 @@ class FakeKubeApi {
   void RefusePatches(int code) ABSL_LOCKS_EXCLUDED(mu_);
   // Answer reads of one pod (GET .../pods/{name}) with this status.
   void RefusePodReads(int code) ABSL_LOCKS_EXCLUDED(mu_);
+  // Each request about one pod (a read, a patch, a Binding) fails with 500
+  // at `chance`, drawn from a generator seeded with `seed`; half of the
+  // failing patches and Bindings take effect before the 500, as when the
+  // API server's answer is lost after the write. 0 turns it off.
+  void FailPodRequestsAtRandom(double chance, uint64_t seed)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   std::vector<RecordedBinding> bindings() ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<RecordedPatch> patches() ABSL_LOCKS_EXCLUDED(mu_);
@@ -122,6 +129,8 @@ class FakeKubeApi {
   int refuse_bindings_ ABSL_GUARDED_BY(mu_) = 0;
   int refuse_patches_ ABSL_GUARDED_BY(mu_) = 0;
   int refuse_pod_reads_ ABSL_GUARDED_BY(mu_) = 0;
+  double fail_chance_ ABSL_GUARDED_BY(mu_) = 0;
+  std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
   bool fail_broker_list_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<RecordedBinding> bindings_ ABSL_GUARDED_BY(mu_);
   std::vector<RecordedPatch> patches_ ABSL_GUARDED_BY(mu_);
