@@ -239,6 +239,12 @@ Extender::Extender(BrokerDirectory* directory, const KubeClient* kube,
                     .Help("Reservations released because their bind failed.")
                     .Register(*registry_)
                     .Add({})),
+      kept_(prometheus::BuildCounter()
+                .Name("kvbroker_extender_reservations_kept_total")
+                .Help("Reservations a failed bind kept until they expire, "
+                      "the pod being unreadable or unwritable then.")
+                .Register(*registry_)
+                .Add({})),
       brokers_(prometheus::BuildGauge()
                    .Name("kvbroker_extender_brokers")
                    .Help("Broker pods known (by node), and relists that "
@@ -595,6 +601,7 @@ std::string Extender::BindKvPod(const BindingArgs& args,
   // it expires; the scheduler's retry replays it.
   auto keep = [&](const std::string& failed, const absl::Status& why,
                   const absl::Status& blocker) {
+    kept_.Increment();
     outcome(failed);
     return absl::StrCat(failed, ": ", why.message(),
                         "; the reservation is kept until ", expiry,

@@ -170,8 +170,8 @@ class Extender {
   prometheus::Family<prometheus::Counter>& node_verdicts_;
   prometheus::Family<prometheus::Counter>& binds_;
   prometheus::Counter& released_;
+  prometheus::Counter& kept_;
   prometheus::Family<prometheus::Gauge>& brokers_;
-
 };
 
 }  // namespace extender

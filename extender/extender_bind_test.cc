@@ -329,6 +329,8 @@ TEST(ExtenderBind, AFailedBindThatCannotReadItsPodKeepsTheReservation) {
                     HasSubstr("HTTP 503: read refused"),
                     HasSubstr("a retry of this bind uses it again")));
   EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 4);
+  EXPECT_THAT(rig.Get("/metrics").body,
+              HasSubstr("kvbroker_extender_reservations_kept_total 1"));
   const std::string reservation =
       rig.api().Annotations("serving", "llm-k")[kReservationAnnotation];
   EXPECT_FALSE(reservation.empty());
