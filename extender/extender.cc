@@ -546,6 +546,10 @@ std::string Extender::BindKvPod(const BindingArgs& args,
         client.Capacity(request.pool, 0, call());
     if (s.ok()) pool_uid = PoolUidOf(*s);
   }
+  // Releases name the incarnation: a pool deleted and created again numbers
+  // its reservations from the start, and ours may be another's id there.
+  ReleaseOptions ours_only;
+  ours_only.pool_uid = pool_uid;
   const std::string expiry = absl::FormatTime(
       absl::RFC3339_sec,
       absl::FromUnixSeconds(reservation->expire_time().seconds()),
@@ -577,7 +581,7 @@ std::string Extender::BindKvPod(const BindingArgs& args,
   // is spare.
   auto spare = [&] {
     (void)client.ReleaseReservation(request.pool, reservation->reservation_id(),
-                                    call());
+                                    ours_only, call());
     outcome("already_bound");
     return std::string();
   };
@@ -586,7 +590,7 @@ std::string Extender::BindKvPod(const BindingArgs& args,
     absl::Status released =
         client
             .ReleaseReservation(request.pool, reservation->reservation_id(),
-                                call())
+                                ours_only, call())
             .status();
     if (released.ok()) released_.Increment();
     outcome(failed);

@@ -428,6 +428,37 @@ TEST(ExtenderBind, BindsAtOnceOverAFailingApiNeverBindAReleasedReservation) {
               3 * kRounds);
 }
 
+TEST(ExtenderBind, AFailedBindNeverReleasesAReservationOfThePoolCreatedAgain) {
+  // Between the bind's Reserve and its release the pool is deleted and
+  // created again, and someone reserves there: the new pool numbers its
+  // reservations from the start, so theirs has the id the bind holds. The
+  // bind's release names the old incarnation and leaves theirs alone.
+  Rig rig;
+  auto b = NodeBWithPod(rig, "llm-p");
+  ASSERT_TRUE(b);
+  rig.api().RefuseBindings(500);
+  std::string theirs;
+  rig.api().OnRequest([&](const HttpRequest& r) {
+    if (r.method != "POST" || !theirs.empty()) return;
+    std::unique_ptr<KvBrokerClient> admin = ClientOf(*b);
+    absl::StatusOr<v1::PoolInfo> info = admin->GetPool("kv");
+    ASSERT_TRUE(info.ok()) << info.status();
+    ASSERT_TRUE(admin->DeletePool("kv", /*force=*/true).ok());
+    ASSERT_TRUE(admin->CreatePool(info->spec()).ok());
+    absl::StatusOr<v1::ReserveResponse> reserved = admin->Reserve("kv", 2);
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+    theirs = reserved->reservation_id();
+  });
+  HttpResult failed = rig.Bind("llm-p", "node-b");
+  rig.api().OnRequest(nullptr);
+  ASSERT_FALSE(theirs.empty());
+  EXPECT_THAT(failed.doc["Error"].get<std::string>(),
+              AllOf(StartsWith("binding_failed: "),
+                    HasSubstr("releasing the reservation failed too")));
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 2);
+  EXPECT_EQ(Release(*b, theirs), 2);
+}
+
 TEST(ExtenderBind, APodChangedByOthersBetweenItsStepsIsStillBoundOnce) {
   // Someone else (a label, a controller) changes the pod just before bind's
   // patch, or just before its Binding: the API refuses that step 409, and
