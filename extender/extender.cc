@@ -145,10 +145,9 @@ HttpResponse BadRequest(const absl::Status& status) {
 
 // Where a pod stands when read again after the API refused bind's patch or
 // Binding with 409, or after a failure, for a bind holding reservation
-// `ours` on `node`. Two
-// attempts under the same request id (a retry, another replica) hold the
-// same reservation, so a pod naming `ours` may have been patched or bound
-// by the other one.
+// `ours` on `node`. Two attempts under the same request id (a retry,
+// another replica) hold the same reservation, so a pod naming `ours` may
+// have been patched or bound by the other one.
 enum class PodStand {
   kBoundWithOurs,         // bound to `node`, naming ours: done
   kBoundHereWithAnother,  // bound to `node` with another bind's: ours spare
