@@ -95,19 +95,40 @@ void ConsiderPod(const json& pod, const std::string& port_name,
 
 BrokerDirectory::BrokerDirectory(const KubeClient* kube,
                                  BrokerDirectoryOptions options)
-    : kube_(kube), options_(std::move(options)) {}
+    : kube_(kube), options_(std::move(options)) {
+  worker_ = std::thread([this] { Work(); });
+}
 
 BrokerDirectory::~BrokerDirectory() {
-  stop_.Notify();
-  if (refresher_.joinable()) refresher_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  worker_.join();
 }
 
 void BrokerDirectory::Start() {
-  refresher_ = std::thread([this] {
-    do {
-      (void)Refresh();
-    } while (!stop_.WaitForNotificationWithTimeout(options_.refresh_interval));
-  });
+  absl::MutexLock lock(&mu_);
+  periodic_ = true;
+  relist_wanted_ = true;
+}
+
+void BrokerDirectory::Work() {
+  absl::Time periodic_due = absl::InfiniteFuture();
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto asked = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stopping_ || relist_wanted_;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&asked), periodic_due);
+      if (stopping_) return;
+      relist_wanted_ = false;
+    }
+    (void)Refresh();
+    absl::MutexLock lock(&mu_);
+    if (periodic_) periodic_due = absl::Now() + options_.refresh_interval;
+  }
 }
 
 std::shared_ptr<const Broker> BrokerDirectory::MakeBroker(
@@ -150,10 +171,10 @@ std::shared_ptr<const Broker> BrokerDirectory::MakeBroker(
 
 absl::Status BrokerDirectory::Refresh() {
   absl::MutexLock serial(&refresh_mu_);
-  return RefreshLocked();
-}
-
-absl::Status BrokerDirectory::RefreshLocked() {
+  {
+    absl::MutexLock lock(&mu_);
+    ++relists_begun_;
+  }
   std::map<std::string, Candidate> chosen;
   absl::Status status;
   std::string next_page;
@@ -216,25 +237,23 @@ absl::Status BrokerDirectory::RefreshLocked() {
 }
 
 absl::StatusOr<std::shared_ptr<const Broker>> BrokerDirectory::Find(
-    const std::string& node) {
-  bool may_refresh = false;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = brokers_.find(node);
-    if (it != brokers_.end()) return it->second;
-    may_refresh = absl::Now() - last_refresh_ >= options_.min_refresh_interval;
-  }
-  if (may_refresh) {
-    absl::MutexLock serial(&refresh_mu_);
-    bool still_due;
-    {
-      absl::MutexLock lock(&mu_);
-      still_due = absl::Now() - last_refresh_ >= options_.min_refresh_interval;
-    }
-    if (still_due) (void)RefreshLocked();
-  }
+    const std::string& node, absl::Time wait_until) {
   absl::MutexLock lock(&mu_);
   auto it = brokers_.find(node);
+  if (it != brokers_.end()) return it->second;
+  // The relist running now, or the next one, asked for unless throttled.
+  int64_t awaited = relists_begun_;
+  if (refreshes_ == relists_begun_ &&
+      (relist_wanted_ ||
+       absl::Now() - last_refresh_ >= options_.min_refresh_interval)) {
+    relist_wanted_ = true;
+    awaited = relists_begun_ + 1;
+  }
+  auto ended = [this, awaited]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stopping_ || refreshes_ >= awaited;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ended), wait_until);
+  it = brokers_.find(node);
   if (it != brokers_.end()) return it->second;
   return absl::NotFoundError(
       absl::StrCat("no running kvbroker pod on node ", node));

@@ -8,11 +8,13 @@
 // pods claim one node (a rolling update), the Ready one wins, then the
 // newer (by creationTimestamp).
 //
-// Refreshing: a background thread relists every `refresh_interval`; a lookup
-// of a node the directory does not know relists at once, at most once per
-// `min_refresh_interval` (a new node's broker is found on the first filter
-// after it starts, and a node without a broker costs no API call per
-// filter). A failed relist keeps the previous map.
+// Refreshing: a worker thread relists every `refresh_interval` once started,
+// and at once when a lookup misses, at most once per `min_refresh_interval`
+// (a new node's broker is found on the first filter after it starts, and a
+// node without a broker costs no API call per filter). The lookup waits for
+// that relist only until its caller's deadline: a slow API delays a filter
+// by no more than the filter allows, and the relist goes on for the next
+// one. A failed relist keeps the previous map.
 //
 // Channels: a broker keeps its channel (its stub and two clients) across
 // refreshes while its address is unchanged. `filter` sends each call once
@@ -35,7 +37,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "client/kvbroker_client.h"
 #include "extender/kube_client.h"
@@ -96,12 +97,15 @@ class BrokerDirectory {
   // the list's continue token (410 Gone) between pages, the list starts
   // over once. Errors: the API's (the map is unchanged).
   absl::Status Refresh() ABSL_LOCKS_EXCLUDED(mu_);
-  // Starts the background refresher (first listing included).
-  void Start();
+  // Starts the periodic relists, the first one at once.
+  void Start() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The node's broker. NOT_FOUND when no running broker pod is on the node
-  // (after a throttled relist).
-  absl::StatusOr<std::shared_ptr<const Broker>> Find(const std::string& node)
+  // The node's broker. On a miss, waits until `wait_until` at most for the
+  // relist in progress, or for one it asks the worker for (throttled).
+  // NOT_FOUND when no running broker pod is on the node as far as the
+  // directory knows then.
+  absl::StatusOr<std::shared_ptr<const Broker>> Find(
+      const std::string& node, absl::Time wait_until = absl::InfiniteFuture())
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Brokers known now.
@@ -111,8 +115,8 @@ class BrokerDirectory {
   int64_t refresh_failures() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  absl::Status RefreshLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(refresh_mu_)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker: relists when asked or when the periodic one is due.
+  void Work() ABSL_LOCKS_EXCLUDED(mu_);
   std::shared_ptr<const Broker> MakeBroker(const std::string& node,
                                            const std::string& pod,
                                            const std::string& target) const;
@@ -120,19 +124,25 @@ class BrokerDirectory {
   const KubeClient* const kube_;
   const BrokerDirectoryOptions options_;
 
-  // Serializes relists (API call and map swap), so that two misses at once
-  // cause one listing.
+  // Serializes relists (API call and map swap).
   absl::Mutex refresh_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   // node -> its broker.
   std::map<std::string, std::shared_ptr<const Broker>> brokers_
       ABSL_GUARDED_BY(mu_);
   absl::Time last_refresh_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Relists begun and ended (refreshes_ <= relists_begun_); a lookup waits
+  // for refreshes_ to reach a relist that begins after its miss or was
+  // running then.
+  int64_t relists_begun_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t refreshes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t refresh_failures_ ABSL_GUARDED_BY(mu_) = 0;
-
-  absl::Notification stop_;
-  std::thread refresher_;
+  // A lookup missed and asked the worker for a relist.
+  bool relist_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  // Start() was called: the worker also relists every refresh_interval.
+  bool periodic_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;  // last: starts after the state it reads
 };
 
 }  // namespace extender

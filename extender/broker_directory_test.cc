@@ -10,6 +10,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "extender/kube_client.h"
 #include "extender/testing/fake_kube_api.h"
 #include "gtest/gtest.h"
@@ -164,6 +166,26 @@ TEST_F(DirectoryTest, AnExpiredContinueTokenStartsTheListAgain) {
   EXPECT_EQ(directory->size(), static_cast<size_t>(kBrokers));
   EXPECT_EQ(directory->refresh_failures(), 1);
   EXPECT_TRUE(api_.violations().empty());
+}
+
+TEST_F(DirectoryTest, ALookupWaitsForARelistOnlyUntilItsDeadline) {
+  const json grpc_port = {{{"name", "grpc"}, {"containerPort", 50051}}};
+  auto directory = Directory();
+  ASSERT_TRUE(directory->Refresh().ok());
+  api_.AddBrokerPod(BrokerPod("b", "node-2", "10.0.0.2", grpc_port, true));
+  // The API holds the relist the miss asks for until the lookup is over.
+  absl::Notification looked_up;
+  api_.OnRequest([&](const HttpRequest&) {
+    looked_up.WaitForNotificationWithTimeout(absl::Seconds(10));
+  });
+  absl::StatusOr<std::shared_ptr<const Broker>> missed =
+      directory->Find("node-2", absl::Now() + absl::Milliseconds(100));
+  looked_up.Notify();
+  EXPECT_EQ(missed.status().code(), absl::StatusCode::kNotFound);
+  // The relist went on: a lookup without a deadline waits for it.
+  EXPECT_EQ(directory->Find("node-2").value()->target, "10.0.0.2:50051");
+  api_.OnRequest(nullptr);
+  EXPECT_EQ(directory->refreshes(), 2);
 }
 
 TEST_F(DirectoryTest, MissesAreThrottled) {

@@ -334,12 +334,14 @@ std::vector<NodeCheck> Extender::CheckAll(const std::vector<std::string>& nodes,
   };
   std::vector<NodeCheck> checks(nodes.size());
   std::vector<std::unique_ptr<Call>> calls(nodes.size());
-  // Brokers first: a node the directory does not know relists the broker
-  // pods, which may take the API's time, not the brokers'.
+  // Brokers first: a node the directory does not know waits for a relist
+  // of the broker pods, all lookups together for at most node_timeout, and
+  // then the brokers get their own whole node_timeout.
   std::vector<std::shared_ptr<const Broker>> brokers(nodes.size());
+  const absl::Time lookups_until = absl::Now() + options_.node_timeout;
   for (size_t i = 0; i < nodes.size(); ++i) {
     absl::StatusOr<std::shared_ptr<const Broker>> broker =
-        directory_->Find(nodes[i]);
+        directory_->Find(nodes[i], lookups_until);
     if (broker.ok()) {
       brokers[i] = *std::move(broker);
     } else {
@@ -505,7 +507,7 @@ std::string Extender::BindKvPod(const BindingArgs& args,
     binds_.Add({{"outcome", name}}).Increment();
   };
   absl::StatusOr<std::shared_ptr<const Broker>> broker =
-      directory_->Find(args.node);
+      directory_->Find(args.node, absl::Now() + options_.bind_timeout);
   if (!broker.ok()) {
     outcome("no_broker");
     return std::string(broker.status().message());

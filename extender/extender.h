@@ -101,9 +101,11 @@ enum class ScorePolicy { kMostFree, kLeastFree };
 absl::StatusOr<ScorePolicy> ParseScorePolicy(absl::string_view name);
 
 struct ExtenderOptions {
-  // Deadline of each node's Capacity call in filter and prioritize.
+  // Deadline of each node's Capacity call in filter and prioritize, and
+  // how long their lookups wait for a relist when a node is unknown.
   absl::Duration node_timeout = absl::Milliseconds(500);
-  // Deadline of each broker call in bind (all attempts).
+  // Deadline of each broker call in bind (all attempts), and how long its
+  // lookup waits for a relist.
   absl::Duration bind_timeout = absl::Seconds(5);
   ScorePolicy policy = ScorePolicy::kMostFree;
   // TTL of the reservation made at bind; the engine must redeem it by then.
