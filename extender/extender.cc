@@ -617,17 +617,21 @@ std::string Extender::BindKvPod(const BindingArgs& args,
   // a bind up"): the pod is read again, and the release is recorded on it
   // at the version read, together with the removal of our annotations from
   // an unbound pod that names our reservation, before the reservation is
-  // released.
+  // released. A read or a write that fails is tried again, three rounds in
+  // all, before the reservation is kept.
   auto give_up = [&](const std::string& failed,
                      const absl::Status& why) -> std::string {
-    absl::Status conflict;
+    absl::Status last;  // what kept the release from being recorded
     for (int attempt = 0; attempt < 3; ++attempt) {
       absl::StatusOr<PodView> view = reread();
       // A pod that is gone can be bound by no one.
       if (view.status().code() == absl::StatusCode::kNotFound) {
         return release(failed, why);
       }
-      if (!view.ok()) return keep(failed, why, view.status());
+      if (!view.ok()) {
+        last = view.status();
+        continue;
+      }
       const PodStand stand =
           StandOf(*view, args.node, annotations, released_binds);
       if (stand == PodStand::kBoundWithOurs) return bound_here();
@@ -645,12 +649,11 @@ std::string Extender::BindKvPod(const BindingArgs& args,
       absl::StatusOr<nlohmann::json> recorded = kube_->PatchPodAnnotations(
           args.pod_namespace, args.pod_name, record, view->resource_version);
       if (recorded.ok()) return release(failed, why);
-      if (recorded.status().code() != absl::StatusCode::kAlreadyExists) {
-        return keep(failed, why, recorded.status());
-      }
-      conflict = recorded.status();  // changed since: read it again
+      // Changed since (409), or failed, perhaps after taking effect: the
+      // next reading tells.
+      last = recorded.status();
     }
-    return keep(failed, why, conflict);
+    return keep(failed, why, last);
   };
 
   // Both steps are conditional on the pod's version: another bind of the
