@@ -53,11 +53,13 @@
 // of our annotations from the unbound pod that does. Every Binding is
 // conditional on a version at which its bind saw the pod name the
 // reservation, and a bind that finds the pod unclaimed with a count past its
-// own n gives up, so no Binding can use a released reservation. A pod found
-// bound here naming it is success (the other bind got there). A pod that
-// cannot be read or written keeps the reservation until it expires; the
-// scheduler's retry replays it. The count lives only on the pod, so any
-// replica, or the same one after a restart, continues it.
+// own n gives up, so no Binding can use a released reservation. A pod
+// "names" a reservation when its id, node and pool uid all match (each
+// broker numbers its own). A pod found bound here naming it is success (the
+// other bind got there). A pod that cannot be read or written in three
+// rounds keeps the reservation until it expires; the scheduler's retry
+// replays it. Releases name the pool's incarnation. The count lives only on
+// the pod, so any replica, or the same one after a restart, continues it.
 //
 // HTTP (Handle): POST /filter, /prioritize, /bind; GET /healthz (200 while
 // serving), /readyz (200 once the broker pods have been listed), /metrics
