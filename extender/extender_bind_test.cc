@@ -541,6 +541,62 @@ TEST(ExtenderBind, AFailedPatchReleasesOnlyOnceThePodRecordsTheRelease) {
   EXPECT_EQ(Release(*b, annotations[kReservationAnnotation]), 2);
 }
 
+TEST(ExtenderBind, PodsBoundAtOnceNeverReserveMoreThanThePoolHolds) {
+  // Ten pods of four blocks each are bound to one node at once, each by its
+  // own replica, and the pool holds sixteen blocks: exactly four pods are
+  // bound, each naming a live reservation of four blocks, and the broker
+  // refuses the other six before anything is written to their pods.
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  Rig rig;
+  rig.api().AddBroker("node-b", b->port());
+  constexpr int kPods = 10;
+  std::vector<std::string> bodies;
+  std::vector<std::unique_ptr<Extender>> replicas;
+  for (int i = 0; i < kPods; ++i) {
+    const std::string pod = absl::StrCat("llm-c", i);
+    rig.api().AddPod("serving", pod, absl::StrCat("uid-", pod),
+                     Asks("kv", "kvbroker.io/blocks", "4"));
+    bodies.push_back(Rig::BindingArgs(rig.api().Pod("serving", pod), "node-b"));
+    replicas.push_back(rig.Replica());
+  }
+  std::vector<std::string> answers(kPods);
+  std::vector<std::thread> binds;
+  for (int i = 0; i < kPods; ++i) {
+    binds.emplace_back([&, i] {
+      HttpRequest r;
+      r.method = "POST";
+      r.path = "/bind";
+      r.body = bodies[i];
+      answers[i] = json::parse(replicas[i]->Handle(r).body)["Error"];
+    });
+  }
+  for (std::thread& t : binds) t.join();
+  int bound = 0;
+  for (int i = 0; i < kPods; ++i) {
+    SCOPED_TRACE(answers[i]);
+    const std::string pod = absl::StrCat("llm-c", i);
+    const json stored = rig.api().Pod("serving", pod);
+    std::map<std::string, std::string> annotations =
+        rig.api().Annotations("serving", pod);
+    if (answers[i].empty()) {
+      ++bound;
+      EXPECT_EQ(stored["spec"]["nodeName"], "node-b");
+      EXPECT_EQ(Release(*b, annotations[kReservationAnnotation]), 4);
+    } else {
+      EXPECT_THAT(answers[i],
+                  StartsWith("Reserve 4 blocks of pool kv on node node-b: "
+                             "POOL_EXHAUSTED: "));
+      EXPECT_FALSE(stored["spec"].contains("nodeName"));
+      EXPECT_EQ(annotations.count(kReservationAnnotation), 0u);
+    }
+  }
+  EXPECT_EQ(bound, 4);
+  EXPECT_EQ(rig.api().bindings().size(), 4u);
+  EXPECT_EQ(rig.api().patches().size(), 4u);
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);  // all four released above
+}
+
 TEST(ExtenderBind, ARefusedReserveBindsNothing) {
   auto a = StartBroker(kSeedPools);
   ASSERT_TRUE(a);
