@@ -13,9 +13,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -317,6 +319,70 @@ TEST(ExtenderFilter, EveryCapacityReasonIsTheBrokersOwn) {
   HttpResult f = rig.Filter("p-nope", {"node-r"});
   EXPECT_THAT(f.doc["FailedAndUnresolvableNodes"]["node-r"].get<std::string>(),
               StartsWith("POOL_NOT_FOUND: "));
+}
+
+TEST(ExtenderFilter, ANodeIsKeptExactlyWhenItsReserveWouldSucceed) {
+  // Random geometries (blocks that divide the page and blocks that do not),
+  // device memory, blocks allocated already, and asks: the filter keeps the
+  // node exactly when bind's Reserve then succeeds, and a dropped node
+  // names the reason the broker then refuses Reserve with. A bound pod
+  // keeps its reservation, so later asks see less room.
+  std::mt19937 random(20261207);
+  const int64_t page_mib[] = {2, 4, 6, 14, 16};
+  const int64_t block_mib[] = {1, 2, 3, 4, 6};
+  int kept_in_all = 0;
+  int dropped_in_all = 0;
+  for (int round = 0; round < 8; ++round) {
+    const int64_t page = page_mib[random() % 5];
+    int64_t block = block_mib[random() % 5];
+    while (block > page) block = block_mib[random() % 5];
+    const int64_t max_blocks = 3 + random() % 30;
+    const int64_t device = 32 + random() % 96;
+    SCOPED_TRACE(absl::StrCat("page ", page, " MiB, block ", block,
+                              " MiB, max_blocks ", max_blocks, ", device ",
+                              device, " MiB"));
+    auto r = StartBroker(
+        absl::StrCat("pools { name: \"kv\" page_size: ", page * kMiB,
+                     " block_bytes: ", block * kMiB,
+                     " max_blocks: ", max_blocks, " }"),
+        {absl::StrCat("--host_device_memory=", device, "MiB")});
+    ASSERT_TRUE(r);
+    auto client = ClientOf(*r);
+    for (int i = 0; i < 3; ++i) (void)client->Alloc("kv", 1 + random() % 4);
+    Rig rig;
+    rig.api().AddBroker("node-r", r->port());
+    for (int ask = 0; ask < 5; ++ask) {
+      const int64_t blocks = random() % 2 == 0
+                                 ? 1 + random() % 4
+                                 : 1 + random() % (max_blocks + 2);
+      const std::string pod = absl::StrCat("r", round, "-", ask);
+      rig.api().AddPod("serving", pod, "uid-" + pod,
+                       Asks("kv", "kvbroker.io/blocks", absl::StrCat(blocks)));
+      HttpResult f = rig.Filter(pod, {"node-r"});
+      ASSERT_EQ(f.code, 200) << f.body;
+      const bool kept = f.doc["NodeNames"] == json({"node-r"});
+      const std::string error = rig.Bind(pod, "node-r").doc["Error"];
+      EXPECT_EQ(kept, error.empty()) << f.body << " / " << error;
+      if (kept) {
+        ++kept_in_all;
+        continue;
+      }
+      ++dropped_in_all;
+      const json& why = f.doc["FailedNodes"].contains("node-r")
+                            ? f.doc["FailedNodes"]["node-r"]
+                            : f.doc["FailedAndUnresolvableNodes"]["node-r"];
+      ASSERT_TRUE(why.is_string()) << f.body;
+      const std::string reason =
+          why.get<std::string>().substr(0, why.get<std::string>().find(':'));
+      EXPECT_THAT(error, StartsWith(absl::StrCat("Reserve ", blocks,
+                                                 " blocks of pool kv on node "
+                                                 "node-r: ",
+                                                 reason, ": ")));
+    }
+  }
+  std::printf("%d nodes kept, %d dropped\n", kept_in_all, dropped_in_all);
+  EXPECT_GT(kept_in_all, 0);
+  EXPECT_GT(dropped_in_all, 0);
 }
 
 TEST(ExtenderFilter, PrioritizeFollowsThePolicy) {
