@@ -72,9 +72,17 @@ absl::Duration Backoff(const RetryPolicy& policy, int attempt,
   return d;
 }
 
-// gRPC aborts the process on a header value with a byte outside printable
-// ASCII (a token read from a file often ends with a line break), so such a
-// token is refused before any call. The message never repeats the token.
+template <typename Container>
+std::vector<int64_t> FlattenPages(const Container& pages) {
+  std::vector<int64_t> ids;
+  for (const v1::PageBlocks& page : pages) {
+    ids.insert(ids.end(), page.block_ids().begin(), page.block_ids().end());
+  }
+  return ids;
+}
+
+}  // namespace
+
 absl::Status CheckBearerToken(absl::string_view token) {
   for (size_t i = 0; i < token.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(token[i]);
@@ -87,17 +95,6 @@ absl::Status CheckBearerToken(absl::string_view token) {
   }
   return absl::OkStatus();
 }
-
-template <typename Container>
-std::vector<int64_t> FlattenPages(const Container& pages) {
-  std::vector<int64_t> ids;
-  for (const v1::PageBlocks& page : pages) {
-    ids.insert(ids.end(), page.block_ids().begin(), page.block_ids().end());
-  }
-  return ids;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // Errors.

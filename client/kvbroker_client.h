@@ -197,6 +197,13 @@ std::vector<int64_t> BlockIds(const v1::ReserveResponse& response);
 // A random 128-bit id as 32 lowercase hex digits.
 std::string NewRequestId();
 
+// OK iff `token` can be sent as a bearer token: gRPC aborts the process on
+// a header value with a byte outside printable ASCII (a token read from a
+// file often ends with a line break), so Connect, and anything else that
+// puts a token in call metadata, refuses such a token before any call.
+// INVALID_ARGUMENT names the byte and its offset, never the token.
+absl::Status CheckBearerToken(absl::string_view token);
+
 // ---------------------------------------------------------------------------
 // Watching capacity.
 

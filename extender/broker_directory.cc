@@ -160,7 +160,8 @@ std::shared_ptr<const Broker> BrokerDirectory::MakeBroker(
   broker->node = node;
   broker->pod = pod;
   broker->target = target;
-  if (!options_.bearer_token.empty()) {
+  broker->credentials = CheckBearerToken(options_.bearer_token);
+  if (!options_.bearer_token.empty() && broker->credentials.ok()) {
     broker->authorization = absl::StrCat("Bearer ", options_.bearer_token);
   }
   broker->stub = v1::KvBroker::NewStub(channel);

@@ -68,6 +68,10 @@ struct Broker {
   std::string target;  // "ip:port"
   // "Bearer <token>", or empty: the authorization metadata of stub calls.
   std::string authorization;
+  // Not OK when the token cannot be sent (CheckBearerToken): then
+  // `authorization` is empty, stub calls must not be made, and the clients
+  // answer every call with this status, unsent.
+  absl::Status credentials;
   // The async stub over the same channel, for the filter's fan-out (every
   // node's Capacity call on one completion queue).
   std::shared_ptr<v1::KvBroker::Stub> stub;

@@ -118,6 +118,16 @@ NodeCheck FromError(const absl::Status& status) {
   return c;
 }
 
+// The verdict when the broker token cannot be sent (Broker::credentials):
+// no call is made, and no node passes until the token is fixed.
+NodeCheck BadBrokerToken(const absl::Status& status) {
+  NodeCheck c;
+  c.verdict = "BAD_BROKER_TOKEN";
+  c.reason = absl::StrCat("INVALID_ARGUMENT: ", status.message());
+  c.unresolvable = true;
+  return c;
+}
+
 int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 // What Filter and Prioritize read from their body: the scheduler's
@@ -358,6 +368,10 @@ std::vector<NodeCheck> Extender::CheckAll(const std::vector<std::string>& nodes,
   for (size_t i = 0; i < nodes.size(); ++i) {
     const std::shared_ptr<const Broker>& broker = brokers[i];
     if (broker == nullptr) continue;
+    if (!broker->credentials.ok()) {
+      checks[i] = BadBrokerToken(broker->credentials);
+      continue;
+    }
     auto call = std::make_unique<Call>();
     call->context.set_deadline(deadline);
     if (!broker->authorization.empty()) {

@@ -125,7 +125,8 @@ struct NodeCheck {
   std::string reason;
   bool unresolvable = false;
   // The metric label of the verdict: "fits", a kvbroker reason name,
-  // "BROKER_UNREACHABLE", "NO_BROKER", "NO_TOKENS_PER_BLOCK".
+  // "BROKER_UNREACHABLE", "NO_BROKER", "NO_TOKENS_PER_BLOCK",
+  // "BAD_BROKER_TOKEN".
   std::string verdict;
 };
 

@@ -39,6 +39,7 @@ namespace extender {
 namespace {
 
 using ::nlohmann::json;
+using ::testing::AllOf;
 using testing::Asks;
 using testing::Cap;
 using testing::ClientOf;
@@ -525,6 +526,29 @@ TEST(ExtenderSecurity, TlsAndBearerTokensToBrokers) {
   EXPECT_EQ(Cap(*b, "kv", options).reserved_blocks(), 4);
 }
 
+TEST(ExtenderSecurity, ABrokerTokenThatCannotBeSentIsRefusedNotSent) {
+  // gRPC aborts the process on a header value outside printable ASCII; a
+  // token file holding such a byte must not take the extender down on its
+  // first filter.
+  auto b = StartBroker(kRoomyPools);
+  ASSERT_TRUE(b);
+  BrokerDirectoryOptions directory;
+  directory.bearer_token = "secret\x01token";
+  Rig rig({}, directory);
+  rig.api().AddBroker("node-b", b->port());
+  rig.api().AddPod("serving", "p", "uid-p",
+                   Asks("kv", "kvbroker.io/blocks", "4"));
+  HttpResult f = rig.Filter("p", {"node-b"});
+  ASSERT_EQ(f.code, 200) << f.body;
+  EXPECT_THAT(f.doc["FailedAndUnresolvableNodes"]["node-b"].get<std::string>(),
+              AllOf(StartsWith("INVALID_ARGUMENT: the bearer token has byte "
+                               "0x01 at offset 6"),
+                    ::testing::Not(HasSubstr("secret"))));
+  EXPECT_THAT(rig.Bind("p", "node-b").doc["Error"].get<std::string>(),
+              HasSubstr("the bearer token has byte 0x01"));
+  EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
+}
+
 // ===========================================================================
 // The kvbroker-extender binary: flags, the in-cluster credentials files,
 // /healthz, a filter, and SIGTERM.
@@ -607,6 +631,29 @@ void ServeFromFlags(const std::vector<std::string>& extra,
   EXPECT_EQ(WEXITSTATUS(status), 0);
   close(out[0]);
   EXPECT_THAT(api.violations(), ::testing::IsEmpty());
+}
+
+TEST(ExtenderBinary, ABrokerTokenFileThatCannotBeSentIsAUsageError) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  std::ofstream(dir + "/kube-token-ok") << "kube-token";
+  std::ofstream(dir + "/broker-token-bad") << "s3cr\x01t\n";
+  const std::string command =
+      absl::StrCat(Runfile("extender/kvbroker-extender"),
+                   " --listen=127.0.0.1:0 --kube_api_server=http://127.0.0.1:1",
+                   " --kube_token_file=", dir, "/kube-token-ok --kube_ca_file=",
+                   " --broker_token_file=", dir, "/broker-token-bad 2>&1");
+  FILE* run = popen(command.c_str(), "r");
+  ASSERT_NE(run, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), run) != nullptr) out += buf;
+  const int status = pclose(run);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--broker_token_file: the bearer token has byte "
+                             "0x01 at offset 4"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("s3cr")));
 }
 
 TEST(ExtenderBinary, ServesFromFlagsAndStopsOnSigterm) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "client/kvbroker_client.h"
 #include "extender/broker_directory.h"
 #include "extender/extender.h"
 #include "extender/http_server.h"
@@ -149,6 +150,13 @@ int Run() {
     }
     directory_options.bearer_token =
         std::string(absl::StripAsciiWhitespace(*token));
+    if (absl::Status sendable =
+            CheckBearerToken(directory_options.bearer_token);
+        !sendable.ok()) {
+      std::fprintf(stderr, "kvbroker-extender: --broker_token_file: %s\n",
+                   std::string(sendable.message()).c_str());
+      return 2;
+    }
   }
 
   ExtenderOptions options;
