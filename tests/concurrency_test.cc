@@ -7,7 +7,6 @@
 // it started and its invariants hold.
 
 #include <atomic>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -16,7 +15,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "allocator/failure.h"
@@ -24,6 +22,7 @@
 #include "client/error_codec.h"
 #include "gtest/gtest.h"
 #include "proto/kvbroker/v1/kvbroker.grpc.pb.h"
+#include "tests/block_ledger.h"
 #include "tests/grpc_test_util.h"
 
 namespace kvbroker {
@@ -40,29 +39,6 @@ constexpr int64_t kDeviceBytes = 160 * kMiB;
 constexpr int64_t kPageBytes = 2 * kMiB;
 constexpr int64_t kBlockBytes = 256 * kKiB;
 
-// Which client holds each block id, across all clients.
-class Ledger {
- public:
-  // Records `ids` as held by `client`; fails the test on a double hand-out.
-  void Take(int client, const std::vector<int64_t>& ids) {
-    absl::MutexLock lock(&mu_);
-    for (int64_t id : ids) {
-      auto [it, inserted] = holder_.emplace(id, client);
-      EXPECT_TRUE(inserted) << "block " << id << " handed to client " << client
-                            << " while client " << it->second << " holds it";
-    }
-  }
-  // Forgets `ids` before they are freed (so a racing Alloc may get them).
-  void Give(const std::vector<int64_t>& ids) {
-    absl::MutexLock lock(&mu_);
-    for (int64_t id : ids) holder_.erase(id);
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<int64_t, int> holder_ ABSL_GUARDED_BY(mu_);
-};
-
 bool IsCapacityRefusal(const grpc::Status& s) {
   std::optional<KvbError> e = DecodeError(s);
   if (!e.has_value()) return false;
@@ -74,7 +50,7 @@ bool IsCapacityRefusal(const grpc::Status& s) {
   }
 }
 
-void RunClient(int id, Client& client, Ledger& ledger,
+void RunClient(int id, Client& client, BlockLedger& ledger,
                std::atomic<int64_t>& refusals) {
   std::mt19937_64 rng(id);
   std::vector<int64_t> held;
@@ -146,14 +122,15 @@ void RunClient(int id, Client& client, Ledger& ledger,
 TEST(ConcurrencyTest, ManyClientsOverSeveralChannels) {
   RigOptions options;
   options.host.device_total = Bytes(kDeviceBytes);
-  options.start_worker = true;           // prealloc races with the clients
+  options.start_worker = true;  // prealloc races with the clients
   options.min_idle_pages = 2;
   options.max_idle_pages = 4;
   Rig rig(options);
   ASSERT_NE(rig.daemon, nullptr);
   {
     Client admin(rig.Channel(Transport::kTcp));
-    v1::PoolSpec spec = Spec(kPool, Bytes(kPageBytes), Bytes(kBlockBytes), 4096);
+    v1::PoolSpec spec =
+        Spec(kPool, Bytes(kPageBytes), Bytes(kBlockBytes), 4096);
     spec.clear_min_idle_pages();
     spec.clear_max_idle_pages();
     ASSERT_TRUE(admin.CreatePool(spec).ok());
@@ -193,7 +170,7 @@ TEST(ConcurrencyTest, ManyClientsOverSeveralChannels) {
     });
   }
 
-  Ledger ledger;
+  BlockLedger ledger;
   std::atomic<int64_t> refusals{0};
   std::vector<std::thread> clients;
   const absl::Time begin = absl::Now();

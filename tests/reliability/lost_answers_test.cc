@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -35,6 +34,7 @@
 #include "client/kvbroker_client.h"
 #include "gtest/gtest.h"
 #include "proto/kvbroker/v1/kvbroker.pb.h"
+#include "tests/block_ledger.h"
 #include "tests/grpc_test_util.h"
 
 namespace kvbroker {
@@ -152,28 +152,6 @@ class LossyRelay {
   std::thread acceptor_;
 };
 
-// Which client holds each block id.
-class Ledger {
- public:
-  void Take(int client, const std::vector<int64_t>& ids) {
-    absl::MutexLock lock(&mu_);
-    for (int64_t id : ids) {
-      auto [it, inserted] = holder_.emplace(id, client);
-      EXPECT_TRUE(inserted) << "block " << id << " handed to client " << client
-                            << " while client " << it->second << " holds it";
-    }
-  }
-  // Before the ids are sent to Free: a racing Alloc may get them after.
-  void Give(const std::vector<int64_t>& ids) {
-    absl::MutexLock lock(&mu_);
-    for (int64_t id : ids) holder_.erase(id);
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<int64_t, int> holder_ ABSL_GUARDED_BY(mu_);
-};
-
 // A call whose every attempt failed on the wire: whether the daemon did it
 // is unknown until it is sent again with its request id.
 struct Unsettled {
@@ -209,7 +187,7 @@ std::shared_ptr<grpc::Channel> FastReconnecting(int port) {
                                    grpc::InsecureChannelCredentials(), args);
 }
 
-Outcome RunClient(int id, KvBrokerClient& client, Ledger& ledger) {
+Outcome RunClient(int id, KvBrokerClient& client, BlockLedger& ledger) {
   std::mt19937_64 random(1000 + id);
   Outcome out;
   for (int step = 0; step < kSteps; ++step) {
@@ -256,7 +234,7 @@ TEST(LostAnswers, RetriedCallsAreDoneOnceAndThePoolEndsWhereItBegan) {
   Client admin(rig.Channel(Transport::kTcp));
   ASSERT_TRUE(
       admin.CreatePool(Spec(kPool, MiB(2), Bytes(256 * kKiB), 1024)).ok());
-  Ledger ledger;
+  BlockLedger ledger;
   std::vector<Outcome> outcomes(kClients);
   int cuts = 0;
   {
