@@ -126,7 +126,12 @@ ABSL_FLAG(int64_t, max_pages, 0, "trim: unmap at most this many (0: all).");
 ABSL_FLAG(int64_t, count, 0,
           "watch: exit after this many snapshots (0: until interrupted).");
 ABSL_FLAG(absl::Duration, interval, absl::Seconds(2),
-          "top: how often to look for new pools (at least 100ms).");
+          "top: how often to look for new pools, and to refresh the pools "
+          "without a stream (at least 100ms).");
+ABSL_FLAG(int, streams, 64,
+          "top: pools followed by a WatchCapacity stream, 0 to 1024 (the "
+          "daemon's bound per caller); the others are refreshed every "
+          "--interval.");
 
 namespace kvbroker {
 namespace cli {
@@ -658,10 +663,14 @@ int CmdTop(Context& ctx) {
   if (absl::GetFlag(FLAGS_interval) < absl::Milliseconds(100)) {
     return Usage("--interval: must be at least 100ms");
   }
+  if (absl::GetFlag(FLAGS_streams) < 0 || absl::GetFlag(FLAGS_streams) > 1024) {
+    return Usage("--streams: must be in [0, 1024]");
+  }
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   signal(SIGHUP, OnSignal);
-  return cli::RunTop(*ctx.client, absl::GetFlag(FLAGS_interval), g_interrupted);
+  return cli::RunTop(*ctx.client, absl::GetFlag(FLAGS_interval),
+                     absl::GetFlag(FLAGS_streams), g_interrupted);
 }
 
 // ---------------------------------------------------------------------------
@@ -760,7 +769,7 @@ const std::vector<Command>& Commands() {
        "live view of every pool (q quits)",
        0,
        0,
-       {"interval"},
+       {"interval", "streams"},
        CmdTop},
   };
   return *commands;

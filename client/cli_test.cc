@@ -475,6 +475,8 @@ TEST_F(CliTest, ArgumentsPastTheirBoundsAreUsageErrors) {
   const Row rows[] = {
       // A zero or negative interval polled the daemon in a busy loop.
       {{"top", "--interval=0"}, "--interval"},
+      {{"top", "--streams=-1"}, "--streams"},
+      {{"top", "--streams=1025"}, "--streams"},
       {{"top", "--interval=-1s"}, "--interval"},
       // A negative count watched forever.
       {{"watch", "bounds", "--count=-1"}, "--count"},
@@ -559,7 +561,7 @@ TEST_F(CliTest, TopInTmux) {
   };
   const std::string command =
       absl::StrCat(Absolute("client/kvbrokerctl"), " --server=unix:", socket_,
-                   " top --interval=200ms; echo $? > ", rc_file);
+                   " top --interval=200ms --streams=1; echo $? > ", rc_file);
   absl::Cleanup kill_server = [&] { run_tmux({"kill-server"}); };
   Result r = run_tmux(
       {"new-session", "-d", "-s", "top", "-x", "120", "-y", "40", command});
@@ -584,7 +586,8 @@ TEST_F(CliTest, TopInTmux) {
   EXPECT_TRUE(Eventually([&] {
     return absl::StrContains(screen(), "available 0  allocated 3");
   })) << screen();
-  // ...and a new pool through the periodic ListPools.
+  // ...and a new pool through the periodic ListPools, which also keeps the
+  // numbers of a pool past --streams current.
   ASSERT_EQ(Ctl({"create-pool", "toplate", "--page_size=2MiB",
                  "--block_bytes=1MiB", "--max_blocks=4"})
                 .rc,
@@ -594,8 +597,13 @@ TEST_F(CliTest, TopInTmux) {
     return absl::StrContains(s, "toplate") &&
            absl::StrContains(s, "available 4  allocated 0");
   })) << screen();
+  EXPECT_TRUE(absl::StrContains(screen(), "(polled)")) << screen();
+  ASSERT_EQ(Ctl({"alloc", "toplate", "1"}).rc, 0);
+  EXPECT_TRUE(Eventually([&] {
+    return absl::StrContains(screen(), "available 3  allocated 1");
+  })) << screen();
   // A deleted pool disappears.
-  ASSERT_EQ(Ctl({"delete-pool", "toplate"}).rc, 0);
+  ASSERT_EQ(Ctl({"delete-pool", "toplate", "--force"}).rc, 0);
   EXPECT_TRUE(Eventually([&] {
     return !absl::StrContains(screen(), "toplate");
   })) << screen();

@@ -68,12 +68,12 @@ class Terminal {
   bool raw_ = false;
 };
 
-// What top shows, fed by one WatchCapacity stream per pool and a periodic
-// ListPools.
+// What top shows, fed by a WatchCapacity stream per pool (up to
+// max_streams of them) and a periodic ListPools.
 class TopModel {
  public:
-  TopModel(KvBrokerClient* client, absl::Duration interval)
-      : client_(client), interval_(interval) {}
+  TopModel(KvBrokerClient* client, absl::Duration interval, int max_streams)
+      : client_(client), interval_(interval), max_streams_(max_streams) {}
 
   void Start() {
     poller_ = std::thread([this] { PollLoop(); });
@@ -145,6 +145,8 @@ class TopModel {
   struct PoolView {
     v1::PoolInfo info;
     v1::CapacitySnapshot snapshot;
+    // A stream is delivering `snapshot`; otherwise each ListPools does.
+    bool live = false;
     std::string stream_error;
   };
   // The engines attached to one pool (ListSessions).
@@ -188,9 +190,10 @@ class TopModel {
                                      : absl::StrCat("\x1b[31;1mFAILED\x1b[0m ",
                                                     Printable(c.failure()));
     if (!view.stream_error.empty()) {
-      absl::StrAppend(&health,
-                      "  \x1b[33m(stale: ", Printable(view.stream_error),
-                      ")\x1b[0m");
+      absl::StrAppend(&health, "  \x1b[33m(polled, the stream failed: ",
+                      Printable(view.stream_error), ")\x1b[0m");
+    } else if (!view.live) {
+      absl::StrAppend(&health, "  (polled)");
     }
     lines->push_back(absl::StrCat(
         "\x1b[1m", Printable(name), "\x1b[0m  page ",
@@ -259,12 +262,27 @@ class TopModel {
         continue;
       }
       server_error_.clear();
+      // A pool without a stream is gone when the list no longer names it
+      // (a stream tells of its own pool's end).
+      std::set<std::string> listed;
+      for (const v1::PoolInfo& info : *pools) listed.insert(info.spec().name());
+      for (auto it = pools_.begin(); it != pools_.end();) {
+        if (!listed.count(it->first) && !watched_.count(it->first)) {
+          it = pools_.erase(it);
+          dirty_ = true;
+        } else {
+          ++it;
+        }
+      }
       for (v1::PoolInfo& info : *pools) {
         const std::string name = info.spec().name();
         PoolView& view = pools_[name];
-        if (!watched_.count(name)) {
-          // Until its stream delivers, show the ListPools snapshot.
+        if (!view.live) {
           view.snapshot = info.capacity();
+          dirty_ = true;
+        }
+        if (!watched_.count(name) &&
+            static_cast<int>(watched_.size()) < max_streams_) {
           watched_.insert(name);
           threads_.emplace_back([this, name] { WatchLoop(name); });
         }
@@ -286,6 +304,7 @@ class TopModel {
         absl::MutexLock lock(&mu_);
         PoolView& view = pools_[pool];
         view.snapshot = std::move(snapshot);
+        view.live = true;
         view.stream_error.clear();
         dirty_ = true;
       }
@@ -300,6 +319,7 @@ class TopModel {
           watched_.erase(pool);
           return;
         }
+        pools_[pool].live = false;
         pools_[pool].stream_error =
             end.ok() ? "stream closed" : GetKvbError(end)->ToString();
       }
@@ -309,6 +329,7 @@ class TopModel {
 
   KvBrokerClient* const client_;
   const absl::Duration interval_;
+  const int max_streams_;
   absl::Notification stop_;
   std::thread poller_;
 
@@ -329,9 +350,9 @@ class TopModel {
 
 }  // namespace
 
-int RunTop(KvBrokerClient& client, absl::Duration interval,
+int RunTop(KvBrokerClient& client, absl::Duration interval, int max_streams,
            const std::atomic<bool>& interrupted) {
-  TopModel model(&client, interval);
+  TopModel model(&client, interval, max_streams);
   model.Start();
   {
     Terminal terminal;
