@@ -170,11 +170,11 @@ TEST_F(DirectoryTest, AnExpiredContinueTokenStartsTheListAgain) {
 
 TEST_F(DirectoryTest, ALookupWaitsForARelistOnlyUntilItsDeadline) {
   const json grpc_port = {{{"name", "grpc"}, {"containerPort", 50051}}};
+  absl::Notification looked_up;  // outlives the directory's worker
   auto directory = Directory();
   ASSERT_TRUE(directory->Refresh().ok());
   api_.AddBrokerPod(BrokerPod("b", "node-2", "10.0.0.2", grpc_port, true));
   // The API holds the relist the miss asks for until the lookup is over.
-  absl::Notification looked_up;
   api_.OnRequest([&](const HttpRequest&) {
     looked_up.WaitForNotificationWithTimeout(absl::Seconds(10));
   });

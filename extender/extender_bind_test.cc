@@ -359,13 +359,15 @@ TEST(ExtenderBind, BindsAtOnceOverAFailingApiNeverBindAReleasedReservation) {
     auto b = StartBroker(kRoomyPools);
     auto c = StartBroker(kRoomyPools);
     ASSERT_TRUE(b && c);
+    // Declared before the rig, whose threads may still be in the API's
+    // hook when a round's checks end.
+    const std::string pod = absl::StrCat("llm-", round);
+    std::atomic<int> requests{0};
     Rig rig;
     rig.api().AddBroker("node-b", b->port());
     rig.api().AddBroker("node-c", c->port());
-    const std::string pod = absl::StrCat("llm-", round);
     rig.api().AddPod("serving", pod, absl::StrCat("uid-", pod),
                      Asks("kv", "kvbroker.io/blocks", "4"));
-    std::atomic<int> requests{0};
     rig.api().OnRequest([&](const HttpRequest&) {
       if (++requests % 7 == 0) rig.api().Touch("serving", pod);
     });

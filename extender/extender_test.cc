@@ -235,6 +235,10 @@ TEST(ExtenderFilter, AFilterWaitsForASlowRelistNoLongerThanItsNodeTimeout) {
   // node_timeout.
   auto b = StartBroker(kRoomyPools);
   ASSERT_TRUE(b);
+  // Declared before the rig: its directory's worker may still be in the
+  // API's hook when the test's checks end.
+  absl::Notification filtered;
+  std::atomic<bool> listed{false};
   ExtenderOptions options;
   options.node_timeout = absl::Milliseconds(500);
   Rig rig(options);
@@ -243,8 +247,6 @@ TEST(ExtenderFilter, AFilterWaitsForASlowRelistNoLongerThanItsNodeTimeout) {
                    Asks("kv", "kvbroker.io/blocks", "2"));
   ASSERT_EQ(rig.Filter("llm-s", {"node-b"}).doc["NodeNames"],
             json({"node-b"}));  // the first lookup lists the brokers
-  absl::Notification filtered;
-  std::atomic<bool> listed{false};
   rig.api().OnRequest([&](const HttpRequest& r) {
     if (absl::StrContains(r.path, "/namespaces/kvbroker/pods")) {
       filtered.WaitForNotificationWithTimeout(absl::Seconds(10));
