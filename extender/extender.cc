@@ -673,7 +673,9 @@ std::string Extender::BindKvPod(const BindingArgs& args,
   // Both steps are conditional on the pod's version: another bind of the
   // same pod (another replica, a retry) that changed it in between makes
   // ours read the pod again (StandOf) rather than overwrite its
-  // reservation; a change by anyone else is retried, up to three times.
+  // reservation; a change by anyone else is retried, up to three times. So
+  // is a step the API failed (a 500, an answer lost after the write took
+  // effect): the pod read again tells which.
   std::string version = resource_version;
   for (int attempt = 0;; ++attempt) {
     absl::StatusOr<nlohmann::json> patched = kube_->PatchPodAnnotations(
@@ -683,10 +685,7 @@ std::string Extender::BindKvPod(const BindingArgs& args,
       version = view.ok() ? view->resource_version : std::string();
       break;
     }
-    if (patched.status().code() != absl::StatusCode::kAlreadyExists ||
-        attempt == 2) {
-      return give_up("patch_failed", patched.status());
-    }
+    if (attempt == 2) return give_up("patch_failed", patched.status());
     absl::StatusOr<PodView> view = reread();
     if (!view.ok()) return give_up("patch_failed", patched.status());
     const PodStand stand =
@@ -703,8 +702,9 @@ std::string Extender::BindKvPod(const BindingArgs& args,
   for (int attempt = 0;; ++attempt) {
     bound = kube_->CreateBinding(args.pod_namespace, args.pod_name,
                                  args.pod_uid, args.node, version);
-    if (bound.code() != absl::StatusCode::kAlreadyExists) break;
-    // 409: the pod is bound already, or changed since the patch.
+    if (bound.ok()) break;
+    // 409: the pod is bound already, or changed since the patch; or the
+    // API failed, perhaps after binding it.
     absl::StatusOr<PodView> view = reread();
     if (!view.ok()) break;
     const PodStand stand =

@@ -39,9 +39,11 @@
 // kvbroker.io/reservation-node, kvbroker.io/reservation-expire-time and,
 // when the broker reports one, kvbroker.io/pool-uid; then the pod's
 // Binding is created. The patch is conditional on the resourceVersion the
-// bind read, the Binding on the one the patch left; a 409 reads the pod
-// again (StandOf in extender.cc), since a bind under the same request id
-// (a retry, another replica) shares the reservation. A retried bind is
+// bind read, the Binding on the one the patch left; a 409 or a failure of
+// either step reads the pod again (StandOf in extender.cc) and takes the
+// step again (three times in all) where that is what the pod needs, since
+// a bind under the same request id (a retry, another replica) shares the
+// reservation and the API may have done a write whose answer was lost. A retried bind is
 // idempotent: Reserve with the same request_id replays the first
 // reservation, the patch writes the same values, and a pod already bound to
 // that node is success.

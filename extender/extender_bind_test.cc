@@ -504,16 +504,49 @@ TEST(ExtenderBind, AReleasedBindsCountAtIntMaxIsNotTrusted) {
   EXPECT_EQ(Cap(*b, "kv").reserved_blocks(), 0);
 }
 
-TEST(ExtenderBind, AFailedPatchReleasesOnlyOnceThePodRecordsTheRelease) {
+TEST(ExtenderBind, ABindingTheApiFailsOnceIsTakenAgain) {
+  // The pod read after the failed Binding is unbound and names our
+  // reservation: the Binding is sent again at its version.
+  Rig rig;
+  auto b = NodeBWithPod(rig, "llm-o");
+  ASSERT_TRUE(b);
+  int posts = 0;
+  rig.api().OnRequest([&](const HttpRequest& r) {
+    if (r.method == "POST") rig.api().RefuseBindings(posts++ == 0 ? 500 : 0);
+  });
+  EXPECT_EQ(rig.Bind("llm-o", "node-b").doc, json({{"Error", ""}}));
+  rig.api().OnRequest(nullptr);
+  EXPECT_EQ(posts, 2);
+  ExpectBoundOnceHolding(rig, *b, "llm-o", 4);
+}
+
+TEST(ExtenderBind, AFailedPatchIsTakenAgainAndReleasesOnlyOnceRecorded) {
+  // The API fails the first `refused` patches (503) and takes the next.
+  auto refuse_patches = [](Rig& rig, int refused) {
+    auto seen = std::make_shared<int>(0);
+    rig.api().OnRequest([&rig, refused, seen](const HttpRequest& r) {
+      if (r.method == "PATCH") {
+        rig.api().RefusePatches((*seen)++ < refused ? 503 : 0);
+      }
+    });
+  };
+  {
+    // One failure: the pod read again is unclaimed, and the patch is taken
+    // again: bound, nothing released.
+    Rig rig;
+    auto b = NodeBWithPod(rig, "llm-4", "2");
+    ASSERT_TRUE(b);
+    refuse_patches(rig, 1);
+    EXPECT_EQ(rig.Bind("llm-4", "node-b").doc, json({{"Error", ""}}));
+    rig.api().OnRequest(nullptr);
+    ExpectBoundOnceHolding(rig, *b, "llm-4", 2);
+  }
   Rig rig;
   auto b = NodeBWithPod(rig, "llm-4", "2");
   ASSERT_TRUE(b);
-  // The API refuses the bind's patch (503) and takes the next one: the
-  // release is recorded on the pod, then made.
-  int patches = 0;
-  rig.api().OnRequest([&](const HttpRequest& r) {
-    if (r.method == "PATCH") rig.api().RefusePatches(patches++ == 0 ? 503 : 0);
-  });
+  // Three failures use up the bind's attempts; the fourth patch records
+  // the release on the pod, and then it is made.
+  refuse_patches(rig, 3);
   HttpResult failed = rig.Bind("llm-4", "node-b");
   rig.api().OnRequest(nullptr);
   EXPECT_EQ(failed.doc["Error"],
